@@ -1,0 +1,1 @@
+"""Prefect flows: thin compositions of the tasks in ``tasks/``."""

@@ -1,0 +1,182 @@
+"""``gradtune`` command line: ``tune`` a model, ``pull`` a registered one."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+from .errors import GradtuneError
+
+
+def _prefect_defaults() -> None:
+    # Ephemeral Prefect's first start in a new PREFECT_HOME takes ~18 s on 2 cores; the default
+    # timeout is tighter than that. Analytics would phone out of a machine with no internet.
+    os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
+    os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
+    os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "gradtune")
+
+
+class _DropUserErrors(logging.Filter):
+    """Bad input is reported by the CLI in one line; Prefect's traceback of it is noise."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, GradtuneError):
+            return False
+        return "GradtuneError" not in record.getMessage()
+
+
+def _quiet_prefect_user_errors() -> None:
+    for logger in [logging.getLogger("prefect"), *_children("prefect")]:
+        for handler in logger.handlers:
+            handler.addFilter(_DropUserErrors())
+
+
+def _children(prefix: str) -> list[logging.Logger]:
+    return [
+        logger
+        for name, logger in logging.Logger.manager.loggerDict.items()
+        if name.startswith(prefix + ".") and isinstance(logger, logging.Logger)
+    ]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gradtune", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    tune = sub.add_parser("tune", help="tune a PyTorch (.py) or ONNX (.onnx) model")
+    tune.add_argument("model", help="a .onnx file, or a .py file defining --entry")
+    tune.add_argument(
+        "--entry",
+        default="get_model",
+        help="function in the .py file returning (nn.Module, example inputs)",
+    )
+    tune.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="NAME=D1,D2,...",
+        help="shape of a dynamic ONNX input (repeatable)",
+    )
+    tune.add_argument(
+        "--target", default=None, help="'llvm' (this CPU, default), 'cuda', or a JSON target object"
+    )
+    tune.add_argument("--trials", type=int, default=128, help="total measured trials")
+    tune.add_argument(
+        "--time-budget",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="stop tuning after this much wall-clock time",
+    )
+    tune.add_argument("--out", default=None, help="output directory (default runs/<model>)")
+    tune.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue in an existing output directory of the same model",
+    )
+    tune.add_argument("--search", default="evolutionary", help="search strategy")
+    tune.add_argument(
+        "--tracker",
+        default=None,
+        metavar="HOST:PORT",
+        help="existing RPC tracker (default: start a local fleet)",
+    )
+    tune.add_argument("--key", default=None, help="device key on the tracker")
+    tune.add_argument(
+        "--rpc-servers",
+        type=int,
+        default=1,
+        help="servers in the local fleet (1 keeps measurements uncontended)",
+    )
+    tune.add_argument(
+        "--mlflow-uri",
+        default=None,
+        help="MLflow tracking URI (default: sqlite store in the output directory)",
+    )
+    tune.add_argument("--name", default=None, help="registered model name")
+    tune.add_argument("--alias", default="champion", help="registered model alias")
+    tune.add_argument("--seed", type=int, default=0)
+
+    pull = sub.add_parser("pull", help="download a registered model and run it once")
+    pull.add_argument("ref", metavar="NAME@ALIAS")
+    pull.add_argument("--out", required=True, help="directory to download into")
+    pull.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
+    return parser  # fmt: skip
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from .frontend import fingerprint, parse_input_shapes
+    from .job import TuneJob, check_out_dir, validate
+    from .registry import check_tracking_uri
+    from .target import parse_target
+
+    job = TuneJob(
+        model=args.model,
+        entry=args.entry,
+        input_shapes=parse_input_shapes(args.input_shape),
+        trials=args.trials,
+        time_budget=args.time_budget,
+        out=args.out or str(Path("runs") / Path(args.model).stem),
+        resume=args.resume,
+        search=args.search,
+        tracker=args.tracker,
+        key=args.key,
+        mlflow_uri=args.mlflow_uri,
+        name=args.name,
+        alias=args.alias,
+        rpc_servers=args.rpc_servers,
+        seed=args.seed,
+    )
+    validate(job)
+    job.target = parse_target(args.target)
+    check_out_dir(job, fingerprint(job.model, job.entry, job.input_shapes))
+    if job.mlflow_uri:
+        check_tracking_uri(job.mlflow_uri)
+    if job.tracker:
+        from .measure.rpc_fleet import check_tracker, parse_tracker
+
+        check_tracker(parse_tracker(job.tracker, job.key))
+
+    _prefect_defaults()
+    from flows.tune_model import tune_model
+
+    _quiet_prefect_user_errors()
+    from .pipeline import print_summary
+
+    summary = tune_model(job.to_dict(), fingerprint(job.model, job.entry, job.input_shapes))
+    print_summary(summary)
+    return 0
+
+
+def cmd_pull(args: argparse.Namespace) -> int:
+    from .registry import pull
+
+    info = pull(args.ref, Path(args.out), args.mlflow_uri)
+    print(json.dumps(info, indent=2))
+    if not info["finite"]:
+        raise GradtuneError(f"{args.ref} produced non-finite outputs")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", category=DeprecationWarning)
+    try:
+        return {"tune": cmd_tune, "pull": cmd_pull}[args.command](args)
+    except GradtuneError as err:
+        print(f"gradtune: error: {err}", file=sys.stderr)
+        return err.exit_code
+    except KeyboardInterrupt:
+        print("gradtune: interrupted; rerun the same command with --resume to continue",
+              file=sys.stderr)  # fmt: skip
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,158 @@
+"""Compile the fused model (with or without tuned schedules), check numerics, time it.
+
+Tuned and untuned builds start from the same fused module that tasks were extracted from,
+so every database key matches and the two differ only in the schedules applied.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import GradtuneError
+from .partition import device_of
+
+# float32 models through different kernels and accumulation orders: relative 1e-3 of the output
+# scale is tight enough to catch a wrong schedule (errors are then O(1)) without flagging
+# reassociation noise.
+RTOL = 1e-3
+ATOL_SCALE = 1e-3
+
+
+def build(fused_mod: Any, target: Any, database: Any | None = None) -> Any:
+    """``relax.build`` of the fused module; ``database`` supplies tuned PrimFuncs."""
+    import importlib
+
+    import tvm
+    from tvm import relax
+    from tvm.relax.transform import MetaScheduleApplyDatabase
+
+    with target, tvm.transform.PassContext(opt_level=3):
+        mod = fused_mod
+        if database is not None:
+            with database:
+                mod = MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        if target.kind.name == "cuda":
+            # Untuned GPU kernels must still be bound to threads to run at all.
+            from tvm.s_tir import dlight as dl
+
+            mod = dl.ApplyDefaultSchedule(
+                dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(),
+                dl.gpu.GeneralReduction(), dl.gpu.Fallback(),
+            )(mod)  # fmt: skip
+        # relax.pipeline's dispatchers miss dataflow_lower_passes for CPU in 0.27; the backend
+        # modules have them all.
+        backend = "cuda" if target.kind.name == "cuda" else "cpu_generic"
+        passes = importlib.import_module(f"tvm.relax.backend.{backend}.pipeline")
+        lower = passes.dataflow_lower_passes(target) + passes.finalize_passes(target)
+        return relax.build(mod, target=target, relax_pipeline=tvm.transform.Sequential(lower))
+
+
+class Runner:
+    """A loaded VM with inputs resident on the device: ``run()`` is one inference."""
+
+    def __init__(self, executable: Any, target: Any, inputs: list[np.ndarray]) -> None:
+        import tvm
+        from tvm import relax
+
+        self.dev = device_of(target)
+        self.vm = relax.VirtualMachine(executable, self.dev)
+        self.args = [tvm.runtime.tensor(x, self.dev) for x in inputs]
+
+    def run(self) -> Any:
+        out = self.vm["main"](*self.args)
+        self.dev.sync()
+        return out
+
+    def outputs(self) -> list[np.ndarray]:
+        return flatten_outputs(self.run())
+
+
+def flatten_outputs(out: Any) -> list[np.ndarray]:
+    if hasattr(out, "numpy"):
+        return [out.numpy()]
+    result: list[np.ndarray] = []
+    for item in out:
+        result.extend(flatten_outputs(item))
+    return result
+
+
+def max_abs_error(outputs: list[np.ndarray], reference: list[np.ndarray]) -> float:
+    if len(outputs) != len(reference):
+        raise GradtuneError(
+            f"compiled model returns {len(outputs)} outputs, the reference {len(reference)}"
+        )
+    return max(
+        float(np.max(np.abs(o.astype(np.float64) - r.astype(np.float64)))) if o.size else 0.0
+        for o, r in zip(outputs, reference, strict=True)
+    )
+
+
+def verify(outputs: list[np.ndarray], reference: list[np.ndarray], label: str) -> float:
+    """Max abs error; raises when any output is off by more than the stated tolerance."""
+    err = max_abs_error(outputs, reference)
+    for o, r in zip(outputs, reference, strict=True):
+        if o.shape != r.shape:
+            raise GradtuneError(f"{label} output shape {o.shape} != reference {r.shape}")
+        atol = ATOL_SCALE * max(1.0, float(np.max(np.abs(r))) if r.size else 1.0)
+        if not np.allclose(o, r, rtol=RTOL, atol=atol):
+            raise GradtuneError(
+                f"{label} outputs differ from the reference (max abs error {err:.3g}, "
+                f"tolerance rtol={RTOL} atol={atol:.3g})"
+            )
+    return err
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], Any]], repeats: int = 7, min_seconds: float = 0.05
+) -> dict[str, float]:
+    """Median per-call latency (ms) of each function, timed in alternation.
+
+    The machine is shared and noisy: interleaving exposes every contender to the same drift,
+    and medians over repeats discard bursts.
+    """
+    for fn in fns.values():  # warm-up: allocation, first-call JIT, caches
+        fn()
+        fn()
+    numbers = {}
+    for name, fn in fns.items():
+        n, elapsed = 1, 0.0
+        while elapsed < min_seconds:
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            elapsed = time.perf_counter() - start
+            if elapsed < min_seconds:
+                n *= 2
+        numbers[name] = n
+    samples: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            n = numbers[name]
+            start = time.perf_counter()
+            for _ in range(n):
+                fn()
+            samples[name].append((time.perf_counter() - start) / n * 1e3)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def export(executable: Any, path: Path) -> Path:
+    """Write the compiled model as a shared library loadable by ``tvm.runtime.load_module``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    executable.export_library(str(path))
+    return path
+
+
+def load_exported(path: Path, target: Any | None = None):
+    """(VirtualMachine, device) for a library written by :func:`export`."""
+    import tvm
+    from tvm import relax
+
+    dev = device_of(target) if target is not None else tvm.cpu(0)
+    lib = tvm.runtime.load_module(str(path))
+    return relax.VirtualMachine(lib, dev), dev

@@ -1,0 +1,112 @@
+"""A tuning job's settings, validated before anything is written, and its output directory."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import GradtuneError
+
+RUN_FILE = "run.json"  # marks a gradtune output directory and names the model it belongs to
+
+
+@dataclass
+class TuneJob:
+    model: str
+    entry: str = "get_model"
+    input_shapes: dict[str, list[int]] = field(default_factory=dict)
+    target: dict[str, Any] = field(default_factory=dict)
+    trials: int = 128
+    time_budget: float | None = None
+    out: str = "runs/latest"
+    resume: bool = False
+    search: str = "evolutionary"
+    tracker: str | None = None  # HOST:PORT of an existing tracker; None starts a local fleet
+    key: str | None = None
+    mlflow_uri: str | None = None  # None: sqlite store under ``out``
+    name: str | None = None  # registered model name; default gradtune-<model stem>
+    alias: str = "champion"
+    rpc_servers: int = 1
+    seed: int = 0
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+
+
+def validate(job: TuneJob) -> None:
+    """Reject bad settings in one line each, before any file is created."""
+    from .search import SEARCH_STRATEGIES
+
+    if not Path(job.model).exists():
+        raise GradtuneError(f"model file not found: {job.model}")
+    if job.trials <= 0:
+        raise GradtuneError(f"--trials must be positive, got {job.trials}")
+    if job.time_budget is not None and job.time_budget <= 0:
+        raise GradtuneError(f"--time-budget must be positive seconds, got {job.time_budget}")
+    if job.search not in SEARCH_STRATEGIES:
+        raise GradtuneError(
+            f"unknown --search {job.search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}"
+        )
+    if job.name is not None and not _NAME_RE.match(job.name):
+        raise GradtuneError(f"--name {job.name!r}: use letters, digits, '.', '_' or '-'")
+    if not _NAME_RE.match(job.alias):
+        raise GradtuneError(f"alias {job.alias!r}: use letters, digits, '.', '_' or '-'")
+    if job.alias.lower() == "latest" or re.fullmatch(r"v\d+", job.alias.lower()):
+        raise GradtuneError(f"alias {job.alias!r} is reserved by MLflow's registry; choose another")
+    if job.rpc_servers <= 0:
+        raise GradtuneError("--rpc-servers must be positive")
+
+
+def check_out_dir(job: TuneJob, fingerprint: str) -> None:
+    """Refuse a directory holding other results, unless resuming the same model."""
+    out = job.out_dir
+    if out.exists() and not out.is_dir():
+        raise GradtuneError(f"--out {out} exists and is not a directory")
+    if not out.exists() or not any(out.iterdir()):
+        return
+    run_file = out / RUN_FILE
+    if not run_file.exists():
+        raise GradtuneError(
+            f"--out {out} is not empty and holds no gradtune results; choose another"
+        )
+    try:
+        previous = json.loads(run_file.read_text())
+    except (json.JSONDecodeError, OSError):
+        raise GradtuneError(
+            f"--out {out}: {RUN_FILE} is unreadable; choose another directory"
+        ) from None
+    if previous.get("fingerprint") != fingerprint:
+        raise GradtuneError(
+            f"--out {out} holds results of another model ({previous.get('model')}); "
+            "choose another directory"
+        )
+    if not job.resume:
+        raise GradtuneError(
+            f"--out {out} already holds results of this model; pass --resume to continue"
+        )
+    if previous.get("target") != job.target:
+        raise GradtuneError(
+            f"--out {out} was tuned for target {json.dumps(previous.get('target'))}, "
+            f"not {json.dumps(job.target)}; choose another directory"
+        )
+
+
+def mark_out_dir(job: TuneJob, fingerprint: str) -> None:
+    job.out_dir.mkdir(parents=True, exist_ok=True)
+    record = {
+        "model": job.model,
+        "entry": job.entry,
+        "fingerprint": fingerprint,
+        "target": job.target,
+    }
+    (job.out_dir / RUN_FILE).write_text(json.dumps(record, indent=2))

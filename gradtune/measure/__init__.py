@@ -1,0 +1,1 @@
+"""On-device measurement: the local RPC fleet, the fast builder, and runner construction."""

@@ -1,0 +1,30 @@
+"""A LocalBuilder whose workers skip TVM's tensor-intrinsic registry on CPU targets.
+
+The stock ``default_build`` imports ``tvm.s_tir.tensor_intrin`` in every fresh worker: ~29 s on
+2 cores against a 30 s build timeout, so every trial fails and tuning silently does nothing
+(DESIGN.md §5). CPU float schedules never tensorize with those intrinsics; CUDA ones may, so
+GPU builds still import them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fast_build(mod: Any, target: Any, _params: dict | None) -> Any:
+    """Same steps as MetaSchedule's default build, minus the CPU-irrelevant import."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    if target.kind.name == "cuda":
+        import tvm.s_tir.tensor_intrin.cuda  # noqa: F401  (registers the tensor-core intrinsics)
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+def make_builder(max_workers: int, timeout_sec: float = 60.0):
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.builder.LocalBuilder(
+        max_workers=max_workers, timeout_sec=timeout_sec, f_build=fast_build
+    )

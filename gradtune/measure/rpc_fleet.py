@@ -1,0 +1,174 @@
+"""A local TVM RPC fleet: one tracker and N servers on 127.0.0.1, torn down on any exit.
+
+MetaSchedule measures through ``RPCRunner`` by tracker key, so the same code path serves this
+machine (the default fleet) and a remote device (``--tracker host:port --key name``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+
+from ..errors import GradtuneError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Tracker:
+    host: str
+    port: int
+    key: str
+
+    def __str__(self) -> str:
+        return f"{self.host}:{self.port} key={self.key}"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_tracker(spec: str, key: str | None) -> Tracker:
+    """``host:port`` plus a key → Tracker; one-line error on malformed input."""
+    host, sep, port = spec.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise GradtuneError(f"--tracker {spec!r} is not HOST:PORT")
+    if not key:
+        raise GradtuneError("--tracker needs --key naming the devices to measure on")
+    return Tracker(host, int(port), key)
+
+
+def query_free_servers(tracker: Tracker, timeout: float = 5.0) -> int:
+    """How many servers with ``tracker.key`` the tracker currently has free."""
+    from tvm import rpc
+
+    client = rpc.connect_tracker(tracker.host, tracker.port)
+    summary = client.summary()
+    queue = summary.get("queue_info", {}).get(tracker.key, {})
+    return int(queue.get("free", 0))
+
+
+def check_tracker(tracker: Tracker) -> None:
+    """Fail early, in one line, when a user-given tracker is unreachable or has no such key."""
+    try:
+        with socket.create_connection((tracker.host, tracker.port), timeout=5):
+            pass
+    except OSError as err:
+        raise GradtuneError(
+            f"RPC tracker {tracker.host}:{tracker.port} unreachable: {err}"
+        ) from None
+    if query_free_servers(tracker) == 0:
+        raise GradtuneError(
+            f"RPC tracker {tracker.host}:{tracker.port} has no free server with key {tracker.key!r}"
+        )
+
+
+@dataclass
+class LocalFleet:
+    """Context manager owning the tracker and server processes it starts."""
+
+    num_servers: int = 1
+    key: str = "gradtune-local"
+    startup_timeout: float = 60.0
+    tracker: Tracker | None = None
+    _procs: list[subprocess.Popen] = field(default_factory=list)
+    _log_dir: str | None = None
+
+    def __enter__(self) -> Tracker:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        assert self.tracker is not None
+        return self.tracker
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _spawn(self, args: list[str]) -> subprocess.Popen:
+        # Own process group so that stop() reaches the server's forked workers as well.
+        if self._log_dir is None:
+            self._log_dir = tempfile.mkdtemp(prefix="gradtune-rpc-")
+        log_path = os.path.join(
+            self._log_dir, f"{args[0].rsplit('.', 1)[-1]}-{len(self._procs)}.log"
+        )
+        with open(log_path, "wb") as log_file:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log_file,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        proc.log_path = log_path
+        self._procs.append(proc)
+        return proc
+
+    def start(self) -> None:
+        port = free_port()
+        self.tracker = Tracker("127.0.0.1", port, self.key)
+        log.info("starting RPC tracker on 127.0.0.1:%d", port)
+        tracker_args = ["--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)]
+        self._spawn(["tvm.exec.rpc_tracker", *tracker_args])
+        self._wait(lambda: _port_open(port), "RPC tracker did not start")
+        for _ in range(self.num_servers):
+            server_port = free_port()
+            server_args = ["--host", "127.0.0.1", "--port", str(server_port)]
+            server_args += ["--port-end", str(server_port + 1)]
+            server_args += ["--tracker", f"127.0.0.1:{port}", "--key", self.key]
+            self._spawn(["tvm.exec.rpc_server", *server_args])
+        # Registration takes seconds; measuring before it completes makes every trial fail.
+        self._wait(
+            lambda: query_free_servers(self.tracker) >= self.num_servers,
+            f"{self.num_servers} RPC server(s) did not register with the tracker",
+        )
+        log.info("RPC fleet ready: %d server(s), key %s", self.num_servers, self.key)
+
+    def _wait(self, ready, message: str) -> None:
+        deadline = time.monotonic() + self.startup_timeout
+        while time.monotonic() < deadline:
+            dead = [p for p in self._procs if p.poll() is not None]
+            if dead:
+                with open(dead[0].log_path, errors="replace") as f:
+                    tail = (f.read().strip().splitlines() or ["(no output)"])[-1]
+                raise GradtuneError(f"{message}: process exited ({tail})")
+            try:
+                if ready():
+                    return
+            except (OSError, RuntimeError, ValueError):
+                pass
+            time.sleep(0.25)
+        raise GradtuneError(f"{message} within {self.startup_timeout:.0f} s")
+
+    def stop(self) -> None:
+        for proc in reversed(self._procs):
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    continue
+        for proc in self._procs:
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        self._procs.clear()
+
+
+def _port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False

@@ -1,0 +1,117 @@
+"""Partition a Relax model into tuning tasks (TVM paper §3: operator fusion into subgraphs).
+
+Each task is a fused PrimFunc with a weight (how often the model calls it), a kernel class
+(its operator sequence without shapes, the unit Transfer-Tuning reuses schedules across) and
+its FLOPs. The same fused module feeds extraction and compilation so database keys always match.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+_SUFFIX = re.compile(r"\d+$")
+
+
+@dataclass
+class TuningTask:
+    name: str
+    mod: Any  # IRModule with one PrimFunc "main"
+    weight: int
+    kernel_class: str
+    flops: float
+    untuned_us: float = float("nan")  # measured default-schedule latency of one call
+
+    @property
+    def untuned_total_us(self) -> float:
+        return self.weight * self.untuned_us
+
+
+def kernel_class(task_name: str) -> str:
+    """``fused_conv2d2_subtract1_add4_relu1`` → ``conv2d+subtract+add+relu``.
+
+    Relax appends counters to make global names unique; they carry no meaning, so drop them.
+    """
+    name = task_name.removeprefix("fused_")
+    ops = [_SUFFIX.sub("", op) or op for op in name.split("_") if op]
+    # Op names such as conv2d_transpose contain "_": keep known multi-word ops together.
+    joined = "+".join(ops)
+    for compound in ("conv2d+transpose", "conv1d+transpose", "conv3d+transpose", "batch+matmul"):
+        joined = joined.replace(compound, compound.replace("+", "_"))
+    return joined
+
+
+def prepare(mod: Any, params: dict[str, Any], target: Any) -> Any:
+    """Bind weights, lower to fused TIR (the form both task extraction and compile consume).
+
+    ``extract_tasks`` on a freshly imported module finds nothing; it needs the decomposition
+    and legalization first (DESIGN.md §5).
+    """
+    import tvm
+    from tvm import relax
+    from tvm.relax import pipeline
+
+    if params:
+        mod = relax.transform.BindParams("main", params)(mod)
+    seq = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
+    with target:
+        seq += pipeline.library_dispatch_passes(target) + pipeline.legalize_passes(target)
+        return tvm.transform.Sequential(seq)(mod)
+
+
+def extract(fused_mod: Any, target: Any) -> list[TuningTask]:
+    from tvm.s_tir import analysis
+    from tvm.s_tir import meta_schedule as ms
+
+    tasks = []
+    for ext in ms.relax_integration.extract_tasks(fused_mod, target):
+        task_mod = ext.dispatched[0]
+        try:
+            flops = float(analysis.estimate_tir_flops(task_mod))
+        except Exception:  # data-movement-only kernels have no countable FLOPs
+            flops = 0.0
+        tasks.append(
+            TuningTask(
+                name=ext.task_name,
+                mod=task_mod,
+                weight=int(ext.weight),
+                kernel_class=kernel_class(ext.task_name),
+                flops=flops,
+            )
+        )
+    return tasks
+
+
+def device_of(target: Any) -> Any:
+    import tvm
+
+    return tvm.cuda(0) if target.kind.name == "cuda" else tvm.cpu(0)
+
+
+def measure_untuned(tasks: list[TuningTask], target: Any, repeat: int = 5) -> None:
+    """Time each task's default (unscheduled) program locally, to weigh tasks by cost share."""
+    import tvm
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    dev = device_of(target)
+    if not dev.exist:
+        return  # e.g. a CUDA target on a machine without a GPU: shares stay unknown
+    for task in tasks:
+        lib = tvm.compile(task.mod, target=target)
+        args = [
+            tvm.runtime.tensor(np.zeros([int(d) for d in info.shape], dtype=info.dtype), dev)
+            for info in ArgInfo.from_prim_func(task.mod["main"])
+        ]
+        timer = lib.jit().time_evaluator("main", dev, number=3, repeat=repeat, min_repeat_ms=10)
+        task.untuned_us = float(np.median(timer(*args).results)) * 1e6
+
+
+def partition(mod: Any, params: dict[str, Any], target: Any) -> tuple[Any, list[TuningTask]]:
+    """Fused module + its tuning tasks, with untuned per-call latencies measured."""
+    fused = prepare(mod, params, target)
+    tasks = extract(fused, target)
+    measure_untuned(tasks, target)
+    return fused, tasks

@@ -1,0 +1,273 @@
+"""The stages of a tuning job as plain functions; ``tasks/`` wraps them for Prefect.
+
+import → partition → tune (over RPC) → compile + verify + time → report → register.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from . import compile as compile_mod
+from . import registry, report
+from .frontend import ImportedModel, load_model
+from .job import TuneJob
+from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
+from .partition import TuningTask, partition
+from .target import make_target
+from .tune import RoundRecord, TuneResult, tune
+
+log = logging.getLogger(__name__)
+console = Console(highlight=False)
+
+
+@dataclass
+class CompileResult:
+    untuned_ms: float
+    tuned_ms: float
+    reference_ms: float
+    max_abs_err: float
+    untuned_max_abs_err: float
+    lib_path: Path
+    seconds: float
+
+
+@dataclass
+class StageTimes:
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @contextlib.contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = time.perf_counter() - start
+
+
+def import_stage(job: TuneJob) -> ImportedModel:
+    model = load_model(job.model, job.entry, job.input_shapes)
+    console.print(
+        f"[bold]imported[/] {job.model} ({model.framework}): "
+        f"inputs {[list(x.shape) for x in model.inputs]}, {len(model.params)} weight tensors"
+    )
+    return model
+
+
+def partition_stage(model: ImportedModel, target_config: dict) -> tuple[Any, list[TuningTask]]:
+    target = make_target(target_config)
+    fused, tasks = partition(model.mod, model.params, target)
+    table = Table(title=f"{len(tasks)} tuning tasks", title_justify="left")
+    for col in report.TASK_HEADER:
+        table.add_column(col, justify="left" if col in ("task", "kernel class") else "right")
+    for row in report.task_table_rows(tasks):
+        table.add_row(*row)
+    console.print(table)
+    return fused, tasks
+
+
+@contextlib.contextmanager
+def rpc_tracker(job: TuneJob):
+    """The user's tracker, or a local fleet started here and stopped on any exit."""
+    if job.tracker:
+        tracker = parse_tracker(job.tracker, job.key)
+        check_tracker(tracker)
+        yield tracker
+        return
+    with LocalFleet(num_servers=job.rpc_servers) as tracker:
+        console.print(
+            f"[bold]RPC[/] local fleet: tracker {tracker.host}:{tracker.port}, "
+            f"{job.rpc_servers} server(s), key {tracker.key}"
+        )
+        yield tracker
+
+
+def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> TuneResult:
+    target = make_target(target_config)
+    columns = [
+        TextColumn("[bold]tuning[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
+        TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
+    ]  # fmt: skip
+    with rpc_tracker(job) as tracker, Progress(*columns, console=console) as progress:
+        bar = progress.add_task("tune", total=job.trials, status="starting (MetaSchedule init)")
+
+        def on_round(record: RoundRecord) -> None:
+            progress.update(
+                bar,
+                completed=min(job.trials, bar_offset + record.trials),
+                status=f"kernels ≈ {record.estimated_model_us / 1e3:.3f} ms",
+            )
+
+        from .tune import count_records, open_database
+
+        job.out_dir.mkdir(parents=True, exist_ok=True)
+        bar_offset = min(job.trials, count_records(open_database(job.out_dir), tasks))
+        progress.update(bar, completed=bar_offset)
+        result = tune(
+            tasks,
+            target,
+            job.out_dir,
+            tracker,
+            max_trials=job.trials,
+            time_budget=job.time_budget,
+            search=job.search,
+            seed=job.seed,
+            on_round=on_round,
+        )
+    if result.resumed_trials:
+        console.print(f"resumed: {result.resumed_trials} trials already in the database were kept")
+    return result
+
+
+def compile_stage(
+    job: TuneJob, model: ImportedModel, fused: Any, target_config: dict
+) -> CompileResult:
+    """Build untuned and tuned, verify both against the reference, time all three interleaved."""
+    from .tune import open_database
+
+    start = time.perf_counter()
+    target = make_target(target_config)
+    untuned_exec = compile_mod.build(fused, target)
+    tuned_exec = compile_mod.build(fused, target, open_database(job.out_dir))
+    untuned = compile_mod.Runner(untuned_exec, target, model.inputs)
+    tuned = compile_mod.Runner(tuned_exec, target, model.inputs)
+    untuned_err = compile_mod.verify(untuned.outputs(), model.reference_outputs, "untuned TVM")
+    tuned_err = compile_mod.verify(tuned.outputs(), model.reference_outputs, "tuned TVM")
+    latencies = compile_mod.time_interleaved(
+        {"untuned": untuned.run, "tuned": tuned.run, "reference": model.run_reference}
+    )
+    lib_path = compile_mod.export(tuned_exec, job.out_dir / "model.so")
+    return CompileResult(
+        untuned_ms=latencies["untuned"],
+        tuned_ms=latencies["tuned"],
+        reference_ms=latencies["reference"],
+        max_abs_err=tuned_err,
+        untuned_max_abs_err=untuned_err,
+        lib_path=lib_path,
+        seconds=time.perf_counter() - start,
+    )
+
+
+def summarize(
+    job: TuneJob,
+    model: ImportedModel,
+    tasks: list[TuningTask],
+    tuned: TuneResult,
+    compiled: CompileResult,
+    mlflow_uri: str,
+    stage_seconds: dict[str, float],
+) -> dict[str, Any]:
+    return {
+        "model": job.model,
+        "framework": model.framework,
+        "target": job.target,
+        "search": job.search,
+        "tasks": len(tasks),
+        "trials": tuned.trials,
+        "resumed_trials": tuned.resumed_trials,
+        "total_trials": tuned.trials + tuned.resumed_trials,
+        "tuning_seconds": tuned.seconds,
+        "stopped_by_time_budget": tuned.stopped_by_time_budget,
+        "untuned_ms": compiled.untuned_ms,
+        "tuned_ms": compiled.tuned_ms,
+        "reference": "PyTorch eager" if model.framework == "pytorch" else "ONNX Runtime",
+        "reference_ms": compiled.reference_ms,
+        "speedup_vs_untuned": compiled.untuned_ms / compiled.tuned_ms,
+        "speedup_vs_reference": compiled.reference_ms / compiled.tuned_ms,
+        "max_abs_err": compiled.max_abs_err,
+        "tolerance": {"rtol": compile_mod.RTOL, "atol_scale": compile_mod.ATOL_SCALE},
+        "registered": f"{registered_name(job)}@{job.alias}",
+        "mlflow_uri": mlflow_uri,
+        "stage_seconds": stage_seconds,
+        "best_task_us": {k: v for k, v in tuned.best_us.items() if math.isfinite(v)},
+    }
+
+
+def registered_name(job: TuneJob) -> str:
+    return job.name or f"gradtune-{Path(job.model).stem}".replace("_", "-")
+
+
+def report_and_register_stage(
+    job: TuneJob,
+    model: ImportedModel,
+    tasks: list[TuningTask],
+    tuned: TuneResult,
+    compiled: CompileResult,
+    stage_seconds: dict[str, float],
+) -> dict[str, Any]:
+    mlflow_uri = job.mlflow_uri or registry.default_tracking_uri(job.out_dir)
+    summary = summarize(job, model, tasks, tuned, compiled, mlflow_uri, stage_seconds)
+    files = report.write_report(job.out_dir, summary, tasks, tuned.rounds, tuned.best_us)
+    rounds = [
+        {
+            "trials": r.trials,
+            "tuning_seconds": r.seconds,
+            "best_kernels_us": r.estimated_model_us,
+            "task_best_us": r.task_best_us,
+        }
+        for r in tuned.rounds
+    ]
+    params = {
+        "model": job.model, "entry": job.entry, "framework": model.framework,
+        "target": job.target, "search": job.search, "trials_budget": job.trials,
+        "time_budget": job.time_budget, "tasks": len(tasks), "seed": job.seed,
+    }  # fmt: skip
+    finals = {
+        k: summary[k]
+        for k in ("untuned_ms", "tuned_ms", "reference_ms", "max_abs_err", "tuning_seconds")
+    }
+    info = registry.register(
+        tracking_uri=mlflow_uri,
+        registered_name=registered_name(job),
+        alias=job.alias,
+        params=params,
+        round_metrics=rounds,
+        final_metrics={**finals, "trials": float(tuned.trials)},
+        lib_path=compiled.lib_path,
+        database_files=sorted(job.out_dir.glob("database_*.json")),
+        report_files=files,
+        io=registry.io_description(
+            model.input_names, model.inputs, "cuda" if spec_is_gpu(job) else "cpu"
+        ),
+        work_dir=job.out_dir,
+    )
+    summary.update(run_id=info["run_id"], model_version=info["version"])
+    (job.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def spec_is_gpu(job: TuneJob) -> bool:
+    return job.target.get("kind") == "cuda"
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    table = Table(title="gradtune result", title_justify="left")
+    table.add_column("")
+    table.add_column("latency (ms)", justify="right")
+    table.add_column("speedup vs untuned", justify="right")
+    u = summary["untuned_ms"]
+    table.add_row("untuned TVM", f"{u:.3f}", "1.00×")
+    table.add_row("tuned TVM", f"{summary['tuned_ms']:.3f}", f"{u / summary['tuned_ms']:.2f}×")
+    table.add_row(
+        summary["reference"],
+        f"{summary['reference_ms']:.3f}",
+        f"{u / summary['reference_ms']:.2f}×",
+    )
+    console.print(table)
+    console.print(
+        f"tuned vs {summary['reference']}: {summary['speedup_vs_reference']:.2f}× · "
+        f"max abs error {summary['max_abs_err']:.2g} · {summary['total_trials']} trials"
+    )
+    console.print(f"registered [bold]{summary['registered']}[/] in {summary['mlflow_uri']}")
+    pull = f"gradtune pull {summary['registered']} --out DIR --mlflow-uri {summary['mlflow_uri']}"
+    console.print(f"pull it: {pull}")

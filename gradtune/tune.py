@@ -1,0 +1,250 @@
+"""Tune the tasks with MetaSchedule's task scheduler, recording progress per round.
+
+The search strategy is the plug-in point (``evolutionary`` today; gradtune's gradient search
+later); builder, runner, JSONDatabase and task scheduler are MetaSchedule's own.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import GradtuneError
+from .measure.builder import make_builder
+from .measure.rpc_fleet import Tracker
+from .measure.runner import MeasureSettings, make_rpc_runner
+from .partition import TuningTask
+from .search import SEARCH_STRATEGIES, make_strategy
+from .tvm_compat import register_tensor_intrinsics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundRecord:
+    """One measured batch: the unit of the latency-vs-time curve."""
+
+    round: int
+    task: str
+    trials: int  # trials measured so far in this session (resumed ones excluded)
+    seconds: float  # wall-clock since tuning started
+    batch_best_us: float
+    task_best_us: float
+    estimated_model_us: float  # Σ weight × best-so-far (untuned latency for unmeasured tasks)
+
+
+@dataclass
+class TuneResult:
+    database_dir: Path
+    rounds: list[RoundRecord] = field(default_factory=list)
+    trials: int = 0
+    resumed_trials: int = 0
+    seconds: float = 0.0
+    best_us: dict[str, float] = field(default_factory=dict)  # per task
+    stopped_by_time_budget: bool = False
+
+
+def open_database(work_dir: Path):
+    from tvm.s_tir import meta_schedule as ms
+
+    return ms.database.JSONDatabase(
+        path_workload=str(work_dir / "database_workload.json"),
+        path_tuning_record=str(work_dir / "database_tuning_record.json"),
+        allow_missing=True,
+        module_equality="structural",
+    )
+
+
+def best_from_database(database, tasks: list[TuningTask]) -> dict[str, float]:
+    """Best measured latency (µs) per task already in the database."""
+    best = {}
+    for task in tasks:
+        if not database.has_workload(task.mod):
+            continue
+        top = database.get_top_k(database.commit_workload(task.mod), 1)
+        if top and top[0].run_secs:
+            best[task.name] = _median_us(top[0].run_secs)
+    return best
+
+
+def count_records(database, tasks: list[TuningTask]) -> int:
+    """Measured trials for these tasks (the resume bookkeeping; failed builds count too)."""
+    n = 0
+    for task in tasks:
+        if database.has_workload(task.mod):
+            n += len(database.get_top_k(database.commit_workload(task.mod), 10**9))
+    return n
+
+
+def _median_us(run_secs) -> float:
+    values = sorted(float(x) for x in run_secs)
+    return values[len(values) // 2] * 1e6 if values else math.inf
+
+
+def _make_progress_callback(
+    tasks: list[TuningTask],
+    best_us: dict[str, float],
+    result: TuneResult,
+    start: float,
+    time_budget: float | None,
+    on_round: Callable[[RoundRecord], None] | None,
+):
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    @derived_object
+    class ProgressCallback(ms.measure_callback.PyMeasureCallback):
+        """Records best-so-far after every batch; enforces the wall-clock budget."""
+
+        def apply(
+            self, task_scheduler, task_id, measure_candidates, builder_results, runner_results
+        ):
+            task = tasks[task_id]
+            batch = [
+                _median_us(r.run_secs) for r in runner_results if r.error_msg is None and r.run_secs
+            ]
+            batch_best = min(batch, default=math.inf)
+            if batch_best < best_us.get(task.name, math.inf):
+                best_us[task.name] = batch_best
+            result.trials += len(measure_candidates)
+            record = RoundRecord(
+                round=len(result.rounds) + 1,
+                task=task.name,
+                trials=result.trials,
+                seconds=time.perf_counter() - start,
+                batch_best_us=batch_best,
+                task_best_us=best_us.get(task.name, math.inf),
+                estimated_model_us=estimate_model_us(tasks, best_us),
+            )
+            result.rounds.append(record)
+            failed = len(runner_results) - len(batch)
+            if failed == len(runner_results):
+                first = next(
+                    (
+                        r.error_msg
+                        for r in list(builder_results) + list(runner_results)
+                        if r.error_msg
+                    ),
+                    "unknown",
+                )
+                log.warning("every candidate of %s failed; first error: %s", task.name, first[:500])
+            if on_round is not None:
+                on_round(record)
+            if time_budget is not None and record.seconds >= time_budget:
+                result.stopped_by_time_budget = True
+                # Terminating every task (this one included) ends the scheduler's loop cleanly;
+                # builds/runs in flight are joined by MetaSchedule before it returns.
+                for i, rec in enumerate(task_scheduler.tasks_):
+                    if not rec.is_terminated:
+                        task_scheduler.terminate_task(i)
+
+    return ProgressCallback()
+
+
+def estimate_model_us(tasks: list[TuningTask], best_us: dict[str, float]) -> float:
+    """Σ weight × (best tuned or else untuned) per-call latency: the kernels' share of a run."""
+    total = 0.0
+    for task in tasks:
+        us = min(best_us.get(task.name, math.inf), task.untuned_us)
+        if math.isfinite(us):
+            total += task.weight * us
+    return total
+
+
+def default_trials_per_round(budget: int, num_tasks: int) -> int:
+    """Batch size giving every task its warm-up round and, budget permitting, a few more.
+
+    MetaSchedule's gradient scheduler warms each task up once before choosing by gradient;
+    with a batch too large for the budget, later tasks are never tuned at all.
+    """
+    return max(2, min(32, budget // max(1, 2 * num_tasks)))
+
+
+def tune(
+    tasks: list[TuningTask],
+    target: Any,
+    work_dir: Path,
+    tracker: Tracker,
+    max_trials: int,
+    time_budget: float | None = None,
+    search: str | Any = "evolutionary",
+    trials_per_round: int | None = None,
+    num_rpc_workers: int = 1,
+    measure: MeasureSettings | None = None,
+    seed: int = 0,
+    on_round: Callable[[RoundRecord], None] | None = None,
+) -> TuneResult:
+    """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones)."""
+    import psutil
+    from tvm.s_tir import meta_schedule as ms
+
+    if max_trials <= 0:
+        raise GradtuneError(f"trial budget must be positive, got {max_trials}")
+    if isinstance(search, str) and search not in SEARCH_STRATEGIES:
+        raise GradtuneError(
+            f"unknown search {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}"
+        )
+    tunable = list(tasks)
+    work_dir.mkdir(parents=True, exist_ok=True)
+    database = open_database(work_dir)
+    result = TuneResult(database_dir=work_dir)
+    result.resumed_trials = count_records(database, tunable)
+    best_us = best_from_database(database, tunable)
+    result.best_us = best_us
+    remaining = max_trials - result.resumed_trials
+    if remaining <= 0:
+        log.info("database already holds %d trials: nothing left to tune", result.resumed_trials)
+        return result
+
+    if trials_per_round is None:
+        trials_per_round = default_trials_per_round(remaining, len(tunable))
+    register_tensor_intrinsics(target.kind.name)
+    cores = int(target.attrs.get("num-cores", 0) or psutil.cpu_count(logical=False) or 1)
+    # MetaSchedule's console chatter (a statistics table per round) would drown the progress
+    # bar; per-task logs still go to work_dir/logs.
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    if ms_logger.level in (logging.NOTSET, logging.DEBUG, logging.INFO):
+        ms_logger.setLevel(logging.WARNING)
+    loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tunable])
+    contexts = [
+        ms.TuneContext(
+            mod=task.mod,
+            target=target,
+            space_generator="post-order-apply",
+            search_strategy=make_strategy(search) if isinstance(search, str) else search,
+            task_name=task.name,
+            logger=loggers[i],
+            rand_state=seed + i,
+            num_threads=cores,
+        ).clone()
+        for i, task in enumerate(tunable)
+    ]
+    start = time.perf_counter()
+    callbacks = [
+        *ms.measure_callback.MeasureCallback.create("default"),
+        _make_progress_callback(tunable, best_us, result, start, time_budget, on_round),
+    ]
+    runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
+    try:
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=[float(t.weight) for t in tunable],
+            work_dir=str(work_dir),
+            max_trials_global=remaining,
+            num_trials_per_iter=trials_per_round,
+            builder=make_builder(max_workers=cores),
+            runner=runner,
+            database=database,
+            cost_model="xgb",
+            measure_callbacks=callbacks,
+            task_scheduler="gradient",
+        )
+    finally:
+        runner.pool.shutdown()
+    result.seconds = time.perf_counter() - start
+    return result

@@ -1,0 +1,39 @@
+"""Work-arounds for TVM 0.27 costs that are not ours to pay.
+
+``TuneContext.__init__`` imports ``tvm.s_tir.tensor_intrin``, whose package ``__init__``
+parses the TVMScript of every backend's tensor intrinsics: 63 s on this 2-core machine, 40 s
+of it CUDA's, paid by every process that tunes. A CPU target needs only the x86 ones (VNNI /
+AVX-512 dot products, ~4 s). Registering the package lazily — the x86 submodule loaded, the
+others still importable on demand through the package path — makes the first TuneContext of
+an llvm job cheap without changing which schedules exist for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import types
+from pathlib import Path
+
+_PKG = "tvm.s_tir.tensor_intrin"
+
+
+def register_tensor_intrinsics(target_kind: str) -> None:
+    """Import the tensor intrinsics ``target_kind`` can use, before MetaSchedule asks for all."""
+    if _PKG in sys.modules:
+        return
+    import tvm.s_tir
+
+    if target_kind != "llvm":
+        importlib.import_module(_PKG)  # GPU targets: everything, as TVM does
+        return
+    pkg = types.ModuleType(_PKG)
+    pkg.__path__ = [str(Path(tvm.s_tir.__file__).parent / "tensor_intrin")]
+    pkg.__package__ = _PKG
+    sys.modules[_PKG] = pkg
+    tvm.s_tir.tensor_intrin = pkg
+    try:
+        importlib.import_module(f"{_PKG}.x86")
+    except BaseException:
+        del sys.modules[_PKG]
+        raise

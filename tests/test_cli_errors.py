@@ -1,0 +1,149 @@
+"""Bad input: one line naming the problem, a non-zero exit, and nothing written."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from gradtune.cli import main
+from tests.conftest import EXAMPLES
+
+BAD_PY = {
+    "no_function.py": "import torch\n",
+    "wrong_return.py": "def get_model():\n    return 42\n",
+    "not_module.py": "import torch\ndef get_model():\n    return 'x', (torch.randn(1),)\n",
+    "unsupported_op.py": (
+        "import torch\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x):\n"
+        "        return torch.special.bessel_j0(x)\n"
+        "def get_model():\n"
+        "    return M(), (torch.randn(4, 4),)\n"
+    ),
+}
+
+
+def _fail(capsys, argv: list[str], out_dir) -> str:
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0
+    ours = [line for line in err if line.startswith("gradtune: error:")]
+    assert len(ours) == 1, err
+    assert not out_dir.exists(), "bad input must leave nothing behind"
+    return ours[0]
+
+
+@pytest.fixture
+def out(tmp_path):
+    return tmp_path / "out"
+
+
+def test_missing_model(capsys, tmp_path, out):
+    line = _fail(capsys, ["tune", str(tmp_path / "missing.py"), "--out", str(out)], out)
+    assert "model file not found" in line
+
+
+def test_invalid_onnx(capsys, tmp_path, out):
+    bad = tmp_path / "bad.onnx"
+    bad.write_bytes(b"\x00not an onnx protobuf" * 10)
+    line = _fail(capsys, ["tune", str(bad), "--out", str(out)], out)
+    assert "is not a valid ONNX model" in line
+
+
+@pytest.mark.parametrize(
+    "name, message",
+    [
+        ("no_function.py", "has no function 'get_model'"),
+        ("wrong_return.py", "must return (torch.nn.Module, example input tensor(s))"),
+        ("not_module.py", "got str as the model"),
+        ("unsupported_op.py", "special_bessel_j0"),
+    ],
+)
+def test_bad_python_models(capsys, tmp_path, out, name, message):
+    path = tmp_path / name
+    path.write_text(BAD_PY[name])
+    line = _fail(capsys, ["tune", str(path), "--out", str(out)], out)
+    assert message in line
+
+
+def test_unsupported_onnx_operator(capsys, tmp_path, out):
+    import onnx
+    from onnx import TensorProto, helper
+
+    node = helper.make_node("Det", ["x"], ["y"])
+    graph = helper.make_graph(
+        [node], "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4, 4])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [])],
+    )  # fmt: skip
+    path = tmp_path / "det.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    line = _fail(capsys, ["tune", str(path), "--out", str(out)], out)
+    assert "Det" in line and "not supported" in line
+
+
+def test_unknown_target(capsys, out):
+    line = _fail(
+        capsys, ["tune", str(EXAMPLES / "small_cnn.py"), "--target", "tpu9", "--out", str(out)], out
+    )
+    assert "TVM does not know the target" in line
+
+
+@pytest.mark.parametrize(
+    "flag, value", [("--trials", "0"), ("--trials", "-5"), ("--time-budget", "0")]
+)
+def test_non_positive_budget(capsys, out, flag, value):
+    line = _fail(
+        capsys, ["tune", str(EXAMPLES / "small_cnn.py"), flag, value, "--out", str(out)], out
+    )
+    assert "must be positive" in line
+
+
+def test_out_dir_of_another_model_is_refused(capsys, tmp_path):
+    out = tmp_path / "other"
+    out.mkdir()
+    (out / "run.json").write_text(json.dumps({"model": "other.py", "fingerprint": "abc"}))
+    (out / "database_tuning_record.json").write_text("")
+    for extra in ([], ["--resume"]):
+        code = main(["tune", str(EXAMPLES / "small_cnn.py"), "--out", str(out), *extra])
+        err = capsys.readouterr().err
+        assert code != 0 and "holds results of another model (other.py)" in err
+    assert sorted(p.name for p in out.iterdir()) == ["database_tuning_record.json", "run.json"]
+
+
+def test_non_gradtune_out_dir_is_refused(capsys, tmp_path):
+    out = tmp_path / "busy"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    assert main(["tune", str(EXAMPLES / "small_cnn.py"), "--out", str(out)]) != 0
+    assert "holds no gradtune results" in capsys.readouterr().err
+
+
+def test_unreachable_mlflow_uri(capsys, out):
+    from gradtune.measure.rpc_fleet import free_port
+
+    uri = f"http://127.0.0.1:{free_port()}"
+    line = _fail(
+        capsys,
+        ["tune", str(EXAMPLES / "small_cnn.py"), "--mlflow-uri", uri, "--out", str(out)],
+        out,
+    )
+    assert f"MLflow tracking URI {uri} cannot be reached" in line
+
+
+def test_unreachable_tracker(capsys, out):
+    from gradtune.measure.rpc_fleet import free_port
+
+    argv = ["tune", str(EXAMPLES / "small_cnn.py"), "--tracker", f"127.0.0.1:{free_port()}",
+            "--key", "k", "--out", str(out)]  # fmt: skip
+    assert "RPC tracker" in _fail(capsys, argv, out)
+
+
+def test_reserved_alias(capsys, out):
+    line = _fail(
+        capsys,
+        ["tune", str(EXAMPLES / "small_cnn.py"), "--alias", "latest", "--out", str(out)],
+        out,
+    )
+    assert "reserved by MLflow" in line

@@ -1,0 +1,88 @@
+"""The whole pipeline through the CLI, as a user runs it (slow; runs in CI)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import EXAMPLES, ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def _records(out: Path) -> list[str]:
+    path = out / "database_tuning_record.json"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def _check_outputs(out: Path, trials: int) -> dict:
+    summary = json.loads((out / "summary.json").read_text())
+    for key in ("model", "target", "trials", "tuning_seconds", "untuned_ms", "tuned_ms",
+                "reference_ms", "max_abs_err", "registered", "mlflow_uri"):  # fmt: skip
+        assert key in summary, key
+    assert summary["total_trials"] == len(_records(out)) == trials
+    assert summary["untuned_ms"] > 0 and summary["tuned_ms"] > 0 and summary["reference_ms"] > 0
+    assert summary["max_abs_err"] < 1e-2
+    assert (out / "report.md").read_text().startswith("# gradtune report")
+    assert (out / "tuning_curve.png").stat().st_size > 1000
+    assert (out / "model.so").exists()
+    return summary
+
+
+def test_pytorch_model_interrupted_then_resumed_then_pulled(tmp_path):
+    out = tmp_path / "mlp"
+    model = str(EXAMPLES / "small_cnn.py")
+    argv = [sys.executable, "-m", "gradtune.cli", "tune", model, "--entry", "tiny_mlp",
+            "--trials", "16", "--out", str(out), "--name", "e2e-mlp"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.monotonic() + 600
+    while len(_records(out)) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert proc.poll() is None, "tuning finished before it could be interrupted"
+    descendants = psutil.Process(proc.pid).children(recursive=True)
+    proc.send_signal(signal.SIGINT)
+    output, _ = proc.communicate(timeout=180)
+    assert proc.returncode != 0
+    assert "--resume" in output
+    time.sleep(2)
+    leftovers = [p for p in descendants if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    assert not any("rpc_" in " ".join(p.cmdline()) for p in leftovers), "RPC fleet left running"
+
+    before = _records(out)
+    assert 4 <= len(before) < 16
+    again = run_cli(*argv[3:])
+    assert again.returncode != 0 and "--resume" in again.stderr  # refuses without --resume
+
+    resumed = run_cli(*argv[3:], "--resume")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    after = _records(out)
+    assert after[: len(before)] == before, "measurements from before the interruption were kept"
+    traces = [json.dumps(json.loads(line)[1][0]) for line in after]
+    assert len(set(traces)) == len(traces), "a kept measurement was measured again"
+    summary = _check_outputs(out, 16)
+    assert summary["resumed_trials"] == len(before)
+    assert "registered e2e-mlp@champion" in resumed.stdout.replace("\n", " ")
+
+    pulled = run_cli("pull", "e2e-mlp@champion", "--out", str(tmp_path / "pulled"),
+                     "--mlflow-uri", summary["mlflow_uri"])  # fmt: skip
+    assert pulled.returncode == 0, pulled.stderr
+    assert json.loads(pulled.stdout)["output_shapes"] == [[4, 16]]
+
+
+def test_onnx_model_end_to_end(tiny_onnx, tmp_path):
+    out = tmp_path / "onnx"
+    result = run_cli("tune", str(tiny_onnx), "--trials", "8", "--out", str(out))
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = _check_outputs(out, 8)
+    assert summary["framework"] == "onnx" and summary["reference"] == "ONNX Runtime"
+    assert summary["registered"] == "gradtune-tiny-mlp@champion"
+    assert "ONNX Runtime" in result.stdout

@@ -1,0 +1,139 @@
+"""MLflow registry against a real tracking server on 127.0.0.1, pulled back in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+
+import pytest
+
+from gradtune import compile as compile_mod
+from gradtune import registry
+from gradtune.errors import GradtuneError
+from gradtune.measure.rpc_fleet import free_port
+from gradtune.partition import prepare
+from tests.conftest import run_cli
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env,
+    )  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(uri + "/health", timeout=2):
+                break
+        except OSError:
+            assert proc.poll() is None, "mlflow server exited"
+            time.sleep(0.5)
+    else:
+        pytest.fail("mlflow server did not become healthy")
+    yield uri
+    os.killpg(proc.pid, 15)
+    proc.wait(timeout=30)
+
+
+def test_tracking_uri_checks(tmp_path):
+    registry.check_tracking_uri(f"sqlite:///{tmp_path / 'x.db'}")
+    with pytest.raises(GradtuneError, match="directory does not exist"):
+        registry.check_tracking_uri(f"sqlite:///{tmp_path / 'missing' / 'x.db'}")
+    with pytest.raises(GradtuneError, match="cannot be reached"):
+        registry.check_tracking_uri(f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(GradtuneError, match="unsupported MLflow tracking URI"):
+        registry.check_tracking_uri("ftp://x")
+
+
+@pytest.mark.slow
+def test_register_on_server_and_pull_in_fresh_process(
+    mlflow_server, tiny_model, llvm_target, tmp_path
+):
+    fused = prepare(tiny_model.mod, tiny_model.params, llvm_target)
+    lib = compile_mod.export(compile_mod.build(fused, llvm_target), tmp_path / "model.so")
+    db = tmp_path / "database_workload.json"
+    db.write_text("")
+    report = tmp_path / "report.md"
+    report.write_text("# report\n")
+    info = registry.register(
+        tracking_uri=mlflow_server,
+        registered_name="gradtune-test-mlp",
+        alias="champion",
+        params={"model": "tiny_mlp", "target": {"kind": "llvm"}},
+        round_metrics=[{"best_kernels_us": 10.0}, {"best_kernels_us": 8.0}],
+        final_metrics={"tuned_ms": 0.1, "untuned_ms": 0.2},
+        lib_path=lib,
+        database_files=[db],
+        report_files=[report],
+        io=registry.io_description(tiny_model.input_names, tiny_model.inputs),
+        work_dir=tmp_path,
+    )
+    assert info["registered"] == "gradtune-test-mlp@champion"
+
+    result = run_cli("pull", "gradtune-test-mlp@champion", "--out", str(tmp_path / "pulled"),
+                     "--mlflow-uri", mlflow_server)  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    pulled = json.loads(result.stdout)
+    assert pulled["output_shapes"] == [[4, 16]] and pulled["finite"]
+
+    # The plain MLflow route a deployment would take, also in a fresh process.
+    code = (
+        "import mlflow, numpy as np;"
+        f"mlflow.set_tracking_uri('{mlflow_server}');"
+        "m = mlflow.pyfunc.load_model('models:/gradtune-test-mlp@champion');"
+        "x = np.load(__import__('sys').argv[1]);"
+        "print(np.abs(m.predict(x) - np.load(__import__('sys').argv[2])).max())"
+    )
+    np_in, np_ref = tmp_path / "x.npy", tmp_path / "ref.npy"
+    import numpy as np
+
+    np.save(np_in, tiny_model.inputs[0])
+    np.save(np_ref, tiny_model.reference_outputs[0])
+    out = subprocess.run([sys.executable, "-c", code, str(np_in), str(np_ref)],
+                         capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert float(out.stdout.strip().splitlines()[-1]) < 1e-4
+
+
+def test_pull_errors(tmp_path, capsys):
+    from gradtune.cli import main
+
+    assert (
+        main(
+            [
+                "pull",
+                "no-alias",
+                "--out",
+                str(tmp_path / "p"),
+                "--mlflow-uri",
+                "sqlite:///" + str(tmp_path / "m.db"),
+            ]
+        )
+        != 0
+    )
+    assert "is not NAME@ALIAS" in capsys.readouterr().err
+    assert (
+        main(
+            [
+                "pull",
+                "ghost@champion",
+                "--out",
+                str(tmp_path / "p"),
+                "--mlflow-uri",
+                "sqlite:///" + str(tmp_path / "m.db"),
+            ]
+        )
+        != 0
+    )
+    assert "no registered model ghost@champion" in capsys.readouterr().err

@@ -32,17 +32,10 @@ class _DropUserErrors(logging.Filter):
 
 
 def _quiet_prefect_user_errors() -> None:
-    for logger in [logging.getLogger("prefect"), *_children("prefect")]:
-        for handler in logger.handlers:
-            handler.addFilter(_DropUserErrors())
-
-
-def _children(prefix: str) -> list[logging.Logger]:
-    return [
-        logger
-        for name, logger in logging.Logger.manager.loggerDict.items()
-        if name.startswith(prefix + ".") and isinstance(logger, logging.Logger)
-    ]
+    # Prefect's run loggers propagate to its console handler on the root logger; the API
+    # handlers keep the full record for the Prefect UI.
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_DropUserErrors())
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -214,6 +214,13 @@ def load_onnx(path: Path, input_shapes: dict[str, list[int]]) -> ImportedModel:
         else:
             inputs.append(rng.integers(0, 2, size=shape).astype(np_dtype))
 
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=True)
+    except Exception as err:
+        raise GradtuneError(f"TVM could not import {path.name}: {_first_line(err)}") from None
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -227,13 +234,6 @@ def load_onnx(path: Path, input_shapes: dict[str, list[int]]) -> ImportedModel:
     feed = dict(zip(shapes, inputs, strict=True))
     reference = session.run(None, feed)
 
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    try:
-        mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=True)
-    except Exception as err:
-        raise GradtuneError(f"TVM could not import {path.name}: {_first_line(err)}") from None
     mod, params = relax.frontend.detach_params(mod)
     mod, params = _bind_params(mod, params.get("main", []))
 

@@ -11,6 +11,7 @@ import logging
 import math
 import urllib.error
 import urllib.request
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -102,13 +103,16 @@ def register(
             mlflow.log_artifact(str(path), artifact_path="report")
         artifacts = {"lib": str(lib_path), "io": str(io_path)}
         artifacts.update({p.stem: str(p) for p in database_files})
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=str(Path(__file__).with_name("serving.py")),
-            artifacts=artifacts,
-            registered_model_name=registered_name,
-            pip_requirements=_requirements(),
-        )
+        with warnings.catch_warnings():
+            # MLflow nudges towards type-hinted predict(); the VM takes several input forms.
+            warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=str(Path(__file__).with_name("serving.py")),
+                artifacts=artifacts,
+                registered_model_name=registered_name,
+                pip_requirements=_requirements(),
+            )
         version = str(info.registered_model_version)
         run_id = run.info.run_id
     MlflowClient().set_registered_model_alias(registered_name, alias, version)

@@ -67,7 +67,8 @@ def write_report(
     best_us: dict[str, float],
 ) -> list[Path]:
     untuned_kernels = sum(t.untuned_total_us for t in tasks if math.isfinite(t.untuned_us))
-    png = plot_progress(rounds, untuned_kernels, out_dir / "tuning_curve.png", summary["model"])
+    title = f"{Path(summary['model']).name} on {summary['target'].get('mcpu', summary['target']['kind'])}"
+    png = plot_progress(rounds, untuned_kernels, out_dir / "tuning_curve.png", title)
     header = [*TASK_HEADER, "tuned µs"]
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     table += ["| " + " | ".join(r) + " |" for r in task_table_rows(tasks, best_us)]

@@ -67,7 +67,8 @@ def write_report(
     best_us: dict[str, float],
 ) -> list[Path]:
     untuned_kernels = sum(t.untuned_total_us for t in tasks if math.isfinite(t.untuned_us))
-    title = f"{Path(summary['model']).name} on {summary['target'].get('mcpu', summary['target']['kind'])}"
+    device = summary["target"].get("mcpu", summary["target"]["kind"])
+    title = f"{Path(summary['model']).name} on {device}"
     png = plot_progress(rounds, untuned_kernels, out_dir / "tuning_curve.png", title)
     header = [*TASK_HEADER, "tuned µs"]
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import psutil
 import pytest
 
+from gradtune.measure.rpc_fleet import free_port
 from tests.conftest import EXAMPLES, ROOT, run_cli
 
 pytestmark = pytest.mark.slow
@@ -78,11 +81,54 @@ def test_pytorch_model_interrupted_then_resumed_then_pulled(tmp_path):
     assert json.loads(pulled.stdout)["output_shapes"] == [[4, 16]]
 
 
-def test_onnx_model_end_to_end(tiny_onnx, tmp_path):
+@pytest.fixture
+def prefect_server(tmp_path):
+    """A real Prefect API server on 127.0.0.1 with its own PREFECT_HOME."""
+    port = free_port()
+    env = {
+        **os.environ,
+        "PREFECT_HOME": str(tmp_path / "prefect-home"),
+        "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+        "PREFECT_UI_ENABLED": "false",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+         "--port", str(port)],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/api"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=2):
+                break
+        except OSError:
+            assert proc.poll() is None, "prefect server exited"
+            time.sleep(0.5)
+    else:
+        pytest.fail("prefect server did not become healthy")
+    yield url
+    os.killpg(proc.pid, signal.SIGTERM)
+    proc.wait(timeout=30)
+
+
+def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_server):
     out = tmp_path / "onnx"
-    result = run_cli("tune", str(tiny_onnx), "--trials", "8", "--out", str(out))
+    env = {"PREFECT_API_URL": prefect_server}
+    result = run_cli("tune", str(tiny_onnx), "--trials", "8", "--out", str(out), env=env)
     assert result.returncode == 0, result.stdout + result.stderr
+    assert "Starting temporary server" not in result.stderr  # the real server was used
     summary = _check_outputs(out, 8)
     assert summary["framework"] == "onnx" and summary["reference"] == "ONNX Runtime"
     assert summary["registered"] == "gradtune-tiny-mlp@champion"
     assert "ONNX Runtime" in result.stdout
+
+    body = json.dumps({"flows": {"name": {"any_": ["tune-model"]}}}).encode()
+    request = urllib.request.Request(
+        prefect_server + "/flow_runs/filter",
+        data=body,
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=10) as resp:
+        runs = json.loads(resp.read())
+    assert [r["state_type"] for r in runs] == ["COMPLETED"]

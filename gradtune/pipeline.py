@@ -73,6 +73,7 @@ def partition_stage(model: ImportedModel, target_config: dict) -> tuple[Any, lis
     for row in report.task_table_rows(tasks):
         table.add_row(*row)
     console.print(table)
+    log.info("partitioned into %d tasks: %s", len(tasks), ", ".join(t.kernel_class for t in tasks))
     return fused, tasks
 
 
@@ -126,6 +127,11 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
         )
     if result.resumed_trials:
         console.print(f"resumed: {result.resumed_trials} trials already in the database were kept")
+    log.info(
+        "tuned %d trials in %.1f s (%d resumed); kernels ≈ %.3f ms",
+        result.trials, result.seconds, result.resumed_trials,
+        result.rounds[-1].estimated_model_us / 1e3 if result.rounds else math.nan,
+    )  # fmt: skip
     return result
 
 
@@ -146,6 +152,10 @@ def compile_stage(
     latencies = compile_mod.time_interleaved(
         {"untuned": untuned.run, "tuned": tuned.run, "reference": model.run_reference}
     )
+    log.info(
+        "latency ms: untuned %.3f, tuned %.3f, reference %.3f; max abs error %.2g",
+        latencies["untuned"], latencies["tuned"], latencies["reference"], tuned_err,
+    )  # fmt: skip
     lib_path = compile_mod.export(tuned_exec, job.out_dir / "model.so")
     return CompileResult(
         untuned_ms=latencies["untuned"],

@@ -1,0 +1,37 @@
+import math
+
+import pytest
+
+from gradtune.partition import TuningTask, partition
+from gradtune.tune import count_records, default_trials_per_round, estimate_model_us, open_database
+
+
+def test_batch_size_leaves_room_for_every_task():
+    assert default_trials_per_round(128, 6) == 10
+    assert default_trials_per_round(8, 2) == 2
+    assert default_trials_per_round(10_000, 2) == 32
+
+
+def test_estimate_uses_untuned_latency_until_a_task_is_measured():
+    tasks = [TuningTask("a", None, 2, "x", 1.0, 10.0), TuningTask("b", None, 1, "y", 1.0, 5.0)]
+    assert estimate_model_us(tasks, {}) == 25.0
+    assert estimate_model_us(tasks, {"a": 3.0}) == 11.0
+    assert estimate_model_us(tasks, {"a": math.inf}) == 25.0
+
+
+@pytest.mark.slow
+def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tmp_path):
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.tune import tune
+
+    _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
+    rounds = []
+    with LocalFleet() as tracker:
+        result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=400, time_budget=1.0,
+                      trials_per_round=4, on_round=rounds.append)  # fmt: skip
+    assert result.stopped_by_time_budget
+    assert 0 < result.trials < 400
+    assert rounds == result.rounds and rounds[-1].trials == result.trials
+    assert all(r.estimated_model_us > 0 for r in rounds)
+    assert count_records(open_database(tmp_path), tasks) == result.trials
+    assert set(result.best_us) <= {t.name for t in tasks}

@@ -204,7 +204,10 @@ def summarize(
 
 
 def registered_name(job: TuneJob) -> str:
-    return job.name or f"gradtune-{Path(job.model).stem}".replace("_", "-")
+    if job.name:
+        return job.name
+    stem = Path(job.model).stem + ("" if job.entry == "get_model" else f"-{job.entry}")
+    return f"gradtune-{stem}".replace("_", "-")
 
 
 def report_and_register_stage(

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -156,6 +158,24 @@ def estimate_model_us(tasks: list[TuningTask], best_us: dict[str, float]) -> flo
     return total
 
 
+def _watch_sigint() -> tuple[Callable[[], bool], Callable[[], None]]:
+    """Record Ctrl-C (then behave as before); returns (was_interrupted, restore)."""
+    seen = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        return seen.is_set, lambda: None
+    previous = signal.getsignal(signal.SIGINT)
+
+    def handler(signum, frame):
+        seen.set()
+        if callable(previous):
+            previous(signum, frame)
+        else:
+            raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, handler)
+    return seen.is_set, lambda: signal.signal(signal.SIGINT, previous)
+
+
 def default_trials_per_round(budget: int, num_tasks: int) -> int:
     """Batch size giving every task its warm-up round and, budget permitting, a few more.
 
@@ -230,6 +250,7 @@ def tune(
         _make_progress_callback(tunable, best_us, result, start, time_budget, on_round),
     ]
     runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
+    interrupted, restore_sigint = _watch_sigint()
     try:
         ms.tune_tasks(
             tasks=contexts,
@@ -244,7 +265,14 @@ def tune(
             measure_callbacks=callbacks,
             task_scheduler="gradient",
         )
+    except Exception:
+        # TVM's FFI turns a KeyboardInterrupt raised inside the C++ scheduler's callbacks into a
+        # bare RuntimeError; give the user back the interrupt they asked for.
+        if interrupted():
+            raise KeyboardInterrupt from None
+        raise
     finally:
+        restore_sigint()
         runner.pool.shutdown()
     result.seconds = time.perf_counter() - start
     return result

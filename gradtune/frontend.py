@@ -118,7 +118,7 @@ def load_pytorch(path: Path, entry: str = "get_model") -> ImportedModel:
             f"TVM could not import {path.name}: {type(err).__name__}: {_first_line(err)}"
         ) from None
     mod, params = relax.frontend.detach_params(mod)
-    mod, params = _bind_params(mod, params.get("main", []))
+    params = _named_params(mod, params.get("main", []))
 
     def run_reference():
         with torch.no_grad():
@@ -136,15 +136,14 @@ def load_pytorch(path: Path, entry: str = "get_model") -> ImportedModel:
     )
 
 
-def _bind_params(mod, param_values: list) -> tuple[Any, dict[str, Any]]:
+def _named_params(mod, param_values: list) -> dict[str, Any]:
     """Name the detached weights by the Relax parameters they belong to.
 
     ``main``'s signature is (inputs..., weights...); the weights are the trailing params.
     """
     main = mod["main"]
-    n_inputs = len(main.params) - len(param_values)
-    weight_vars = main.params[n_inputs:]
-    return mod, {v.name: t for v, t in zip(weight_vars, param_values, strict=True)}
+    weight_vars = main.params[len(main.params) - len(param_values) :]
+    return {v.name: t for v, t in zip(weight_vars, param_values, strict=True)}
 
 
 def _first_line(err: Exception) -> str:
@@ -235,7 +234,7 @@ def load_onnx(path: Path, input_shapes: dict[str, list[int]]) -> ImportedModel:
     reference = session.run(None, feed)
 
     mod, params = relax.frontend.detach_params(mod)
-    mod, params = _bind_params(mod, params.get("main", []))
+    params = _named_params(mod, params.get("main", []))
 
     return ImportedModel(
         name=path.stem,

@@ -112,7 +112,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
         from .tune import count_records, open_database
 
         job.out_dir.mkdir(parents=True, exist_ok=True)
-        bar_offset = min(job.trials, count_records(open_database(job.out_dir), tasks))
+        bar_offset = min(job.trials, count_records(open_database(job.out_dir)))
         progress.update(bar, completed=bar_offset)
         result = tune(
             tasks,

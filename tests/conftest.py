@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
+import time
+import urllib.request
 import warnings
 from pathlib import Path
 
@@ -29,6 +33,30 @@ def run_cli(
         text=True,
         timeout=timeout,
     )
+
+
+@contextlib.contextmanager
+def http_server(argv: list[str], health_url: str, env: dict | None = None):
+    """Start a real server process on 127.0.0.1, wait until ``health_url`` answers, stop it."""
+    proc = subprocess.Popen(
+        argv, env={**os.environ, **(env or {})}, stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(health_url, timeout=2):
+                    break
+            except OSError:
+                assert proc.poll() is None, f"{argv[2]} server exited with {proc.returncode}"
+                if time.monotonic() > deadline:
+                    pytest.fail(f"{health_url} did not answer within 120 s")
+                time.sleep(0.5)
+        yield
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -15,7 +14,7 @@ import psutil
 import pytest
 
 from gradtune.measure.rpc_fleet import free_port
-from tests.conftest import EXAMPLES, ROOT, run_cli
+from tests.conftest import EXAMPLES, ROOT, http_server, run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -86,30 +85,15 @@ def prefect_server(tmp_path):
     """A real Prefect API server on 127.0.0.1 with its own PREFECT_HOME."""
     port = free_port()
     env = {
-        **os.environ,
         "PREFECT_HOME": str(tmp_path / "prefect-home"),
         "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
         "PREFECT_UI_ENABLED": "false",
     }
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
-         "--port", str(port)],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1",
+            "--port", str(port)]  # fmt: skip
     url = f"http://127.0.0.1:{port}/api"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=2):
-                break
-        except OSError:
-            assert proc.poll() is None, "prefect server exited"
-            time.sleep(0.5)
-    else:
-        pytest.fail("prefect server did not become healthy")
-    yield url
-    os.killpg(proc.pid, signal.SIGTERM)
-    proc.wait(timeout=30)
+    with http_server(argv, url + "/health", env):
+        yield url
 
 
 def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_server):

@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import time
-import urllib.request
 
 import pytest
 
@@ -16,34 +13,20 @@ from gradtune import registry
 from gradtune.errors import GradtuneError
 from gradtune.measure.rpc_fleet import free_port
 from gradtune.partition import prepare
-from tests.conftest import run_cli
+from tests.conftest import http_server, run_cli
 
 
 @pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow-server")
     port = free_port()
-    env = {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-         "--artifacts-destination", str(root / "artifacts"), "--workers", "1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, env=env,
-    )  # fmt: skip
+    argv = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]  # fmt: skip
     uri = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(uri + "/health", timeout=2):
-                break
-        except OSError:
-            assert proc.poll() is None, "mlflow server exited"
-            time.sleep(0.5)
-    else:
-        pytest.fail("mlflow server did not become healthy")
-    yield uri
-    os.killpg(proc.pid, 15)
-    proc.wait(timeout=30)
+    # Job execution off halves the server's memory (DESIGN.md §5).
+    with http_server(argv, uri + "/health", {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}):
+        yield uri
 
 
 def test_tracking_uri_checks(tmp_path):

@@ -23,15 +23,16 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 def run_cli(
-    *args: str, cwd: Path | None = None, timeout: float = 900
+    *args: str, cwd: Path | None = None, timeout: float = 900, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """``gradtune ...`` in a fresh process, as a user runs it."""
+    """``gradtune ...`` in a fresh process, as a user runs it (``env`` adds variables)."""
     return subprocess.run(
         [sys.executable, "-m", "gradtune.cli", *args],
         cwd=cwd or ROOT,
         capture_output=True,
         text=True,
         timeout=timeout,
+        env={**os.environ, **(env or {})},
     )
 
 

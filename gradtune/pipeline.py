@@ -9,6 +9,7 @@ import contextlib
 import json
 import logging
 import math
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,8 @@ from .target import make_target
 from .tune import RoundRecord, TuneResult, tune
 
 log = logging.getLogger(__name__)
-console = Console(highlight=False)
+# Rich falls back to 80 columns when piped (CI logs, Prefect workers): too narrow for task names.
+console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 
 @dataclass

@@ -105,7 +105,7 @@ def register(
         artifacts.update({p.stem: str(p) for p in database_files})
         with warnings.catch_warnings():
             # MLflow nudges towards type-hinted predict(); the VM takes several input forms.
-            warnings.filterwarnings("ignore", message="Add type hints to the `predict` method")
+            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict`")
             info = mlflow.pyfunc.log_model(
                 name="model",
                 python_model=str(Path(__file__).with_name("serving.py")),

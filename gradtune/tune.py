@@ -179,10 +179,18 @@ def _watch_sigint() -> tuple[Callable[[], bool], Callable[[], None]]:
 def default_trials_per_round(budget: int, num_tasks: int) -> int:
     """Batch size giving every task its warm-up round and, budget permitting, a few more.
 
+    Trials are exact when the batch divides the budget; otherwise the last batch overshoots.
+
     MetaSchedule's gradient scheduler warms each task up once before choosing by gradient;
     with a batch too large for the budget, later tasks are never tuned at all.
     """
-    return max(2, min(32, budget // max(1, 2 * num_tasks)))
+    size = max(2, min(32, budget // max(1, 2 * num_tasks)))
+    # MetaSchedule sends whole batches until the budget is reached, so a batch size that does
+    # not divide it overshoots (128 in batches of 10 measures 130). Prefer a nearby divisor.
+    for candidate in range(size, max(1, size // 2), -1):
+        if budget % candidate == 0:
+            return candidate
+    return size
 
 
 def tune(

@@ -7,9 +7,11 @@ from gradtune.tune import count_records, default_trials_per_round, estimate_mode
 
 
 def test_batch_size_leaves_room_for_every_task():
-    assert default_trials_per_round(128, 6) == 10
+    assert default_trials_per_round(128, 6) == 8  # 10 would overshoot to 130 trials
+    assert default_trials_per_round(120, 6) == 10
     assert default_trials_per_round(8, 2) == 2
-    assert default_trials_per_round(10_000, 2) == 32
+    assert default_trials_per_round(10_000, 2) == 25  # capped at 32, then a divisor
+    assert default_trials_per_round(127, 2) == 31  # prime: no divisor nearby, overshoot accepted
 
 
 def test_estimate_uses_untuned_latency_until_a_task_is_measured():

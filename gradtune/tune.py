@@ -217,12 +217,11 @@ def tune(
         raise GradtuneError(
             f"unknown search {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}"
         )
-    tunable = list(tasks)
     work_dir.mkdir(parents=True, exist_ok=True)
     database = open_database(work_dir)
     result = TuneResult(database_dir=work_dir)
     result.resumed_trials = count_records(database)
-    best_us = best_from_database(database, tunable)
+    best_us = best_from_database(database, tasks)
     result.best_us = best_us
     remaining = max_trials - result.resumed_trials
     if remaining <= 0:
@@ -230,7 +229,7 @@ def tune(
         return result
 
     if trials_per_round is None:
-        trials_per_round = default_trials_per_round(remaining, len(tunable))
+        trials_per_round = default_trials_per_round(remaining, len(tasks))
     register_tensor_intrinsics(target.kind.name)
     cores = int(target.attrs.get("num-cores", 0) or psutil.cpu_count(logical=False) or 1)
     # MetaSchedule's console chatter (a statistics table per round) would drown the progress
@@ -238,7 +237,7 @@ def tune(
     ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
     if ms_logger.level in (logging.NOTSET, logging.DEBUG, logging.INFO):
         ms_logger.setLevel(logging.WARNING)
-    loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tunable])
+    loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tasks])
     contexts = [
         ms.TuneContext(
             mod=task.mod,
@@ -250,19 +249,19 @@ def tune(
             rand_state=seed + i,
             num_threads=cores,
         ).clone()
-        for i, task in enumerate(tunable)
+        for i, task in enumerate(tasks)
     ]
     start = time.perf_counter()
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
-        _make_progress_callback(tunable, best_us, result, start, time_budget, on_round),
+        _make_progress_callback(tasks, best_us, result, start, time_budget, on_round),
     ]
     runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
     interrupted, restore_sigint = _watch_sigint()
     try:
         ms.tune_tasks(
             tasks=contexts,
-            task_weights=[float(t.weight) for t in tunable],
+            task_weights=[float(t.weight) for t in tasks],
             work_dir=str(work_dir),
             max_trials_global=remaining,
             num_trials_per_iter=trials_per_round,

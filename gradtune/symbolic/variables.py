@@ -1,0 +1,194 @@
+"""The variables of a sketch and ``decode``: continuous point → valid MetaSchedule trace.
+
+Felix (§3.2) optimizes tile sizes in log space. Here each ``SamplePerfectTile(n, extent E)``
+contributes, for each of its n−1 inner factors, one real exponent per prime of E (the outer
+factor is the quotient). Rounding exponents, clipping them so each prime's exponents fit in
+E's, always yields a perfect tiling, so no point decodes to an invalid tile;
+``max_innermost_factor`` is enforced while rounding, because TVM enforces it only when it
+samples. ``SampleCategorical`` (unroll steps, vector lengths) is relaxed to log2(1 + value)
+and snapped to the nearest candidate. Compute-location samples stay as the sketch has them:
+they are discrete per sketch variant.
+
+TVM silently repairs tile decisions it cannot use, so ``decode`` reads the decisions back
+from the applied schedule's trace instead of trusting its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+def prime_factors(n: int) -> dict[int, int]:
+    factors: dict[int, int] = {}
+    p = 2
+    while p * p <= n:
+        while n % p == 0:
+            factors[p] = factors.get(p, 0) + 1
+            n //= p
+        p += 1
+    if n > 1:
+        factors[n] = factors.get(n, 0) + 1
+    return factors
+
+
+@dataclass
+class TileVar:
+    """One ``SamplePerfectTile``: variables are the inner factors' prime exponents."""
+
+    index: int  # position among the trace's sampling instructions
+    extent: int
+    n: int
+    max_innermost: int  # <= 0: unbounded
+    primes: list[int] = field(default_factory=list)
+    totals: list[int] = field(default_factory=list)  # exponent of each prime in the extent
+
+    @property
+    def size(self) -> int:
+        return (self.n - 1) * len(self.primes)
+
+    def round(self, x: np.ndarray) -> list[int]:
+        """Real exponents (inner factors × primes) → a perfect tiling, outer factor first."""
+        exps = np.clip(np.rint(x.reshape(self.n - 1, len(self.primes))), 0, None).astype(int)
+        for j, total in enumerate(self.totals):
+            # Over budget: take exponents back from the largest inner factor first.
+            while exps[:, j].sum() > total:
+                exps[int(np.argmax(exps[:, j])), j] -= 1
+        inner = [
+            int(np.prod([p**e for p, e in zip(self.primes, row, strict=True)])) for row in exps
+        ]
+        if self.max_innermost > 0:
+            # Innermost too large: move its largest primes to the outer factor.
+            row = exps[-1]
+            while inner[-1] > self.max_innermost:
+                j = max(
+                    (j for j in range(len(self.primes)) if row[j] > 0), key=lambda j: self.primes[j]
+                )
+                row[j] -= 1
+                inner[-1] //= self.primes[j]
+        outer = self.extent // int(np.prod(inner))
+        return [outer, *inner]
+
+    def encode(self, factors: list[int]) -> np.ndarray:
+        exps = [[prime_factors(f).get(p, 0) for p in self.primes] for f in factors[1:]]
+        return np.asarray(exps, dtype=float).reshape(-1)
+
+
+@dataclass
+class CategoricalVar:
+    """One ``SampleCategorical``: a single variable, log2(1 + candidate value)."""
+
+    index: int
+    candidates: list[int]
+
+    size = 1
+
+    def round(self, x: np.ndarray) -> int:
+        """The index of the candidate nearest to ``x`` in log2(1 + value) space."""
+        points = np.log2(1.0 + np.asarray(self.candidates, dtype=float))
+        return int(np.argmin(np.abs(points - float(x[0]))))
+
+    def encode(self, choice: int) -> np.ndarray:
+        return np.asarray([np.log2(1.0 + self.candidates[choice])])
+
+
+def _sampling_insts(trace: Any) -> list[Any]:
+    return [inst for inst in trace.insts if inst.kind.name.startswith("Sample")]
+
+
+@dataclass
+class SketchVariables:
+    """The variables of one sketch; ``x`` is a flat vector over all of them."""
+
+    trace: Any  # the sketch's trace (decisions as sampled when the space was generated)
+    tiles: list[TileVar]
+    categoricals: list[CategoricalVar]
+
+    @classmethod
+    def from_trace(cls, trace: Any) -> SketchVariables:
+        tiles, cats = [], []
+        for i, inst in enumerate(_sampling_insts(trace)):
+            name = inst.kind.name
+            if name == "SamplePerfectTile":
+                decision = [int(v) for v in trace.decisions[inst]]
+                extent = int(np.prod(decision))
+                factors = prime_factors(extent)
+                tiles.append(
+                    TileVar(
+                        index=i,
+                        extent=extent,
+                        n=int(inst.attrs[0]),
+                        max_innermost=int(inst.attrs[1]),
+                        primes=sorted(factors),
+                        totals=[factors[p] for p in sorted(factors)],
+                    )
+                )
+            elif name == "SampleCategorical":
+                cats.append(CategoricalVar(index=i, candidates=[int(c) for c in inst.attrs[0]]))
+        return cls(trace=trace, tiles=tiles, categoricals=cats)
+
+    @property
+    def variables(self) -> list[TileVar | CategoricalVar]:
+        return sorted([*self.tiles, *self.categoricals], key=lambda v: v.index)
+
+    @property
+    def dim(self) -> int:
+        return sum(v.size for v in self.variables)
+
+    def _split(self, x: np.ndarray) -> list[tuple[TileVar | CategoricalVar, np.ndarray]]:
+        x = np.asarray(x, dtype=float)
+        if x.shape != (self.dim,):
+            raise ValueError(f"point has shape {x.shape}, the sketch has {self.dim} variables")
+        parts, offset = [], 0
+        for var in self.variables:
+            parts.append((var, x[offset : offset + var.size]))
+            offset += var.size
+        return parts
+
+    def round(self, x: np.ndarray) -> dict[int, Any]:
+        """Sampling-instruction index → decision (tile factors or candidate index)."""
+        return {var.index: var.round(part) for var, part in self._split(x)}
+
+    def encode(self, decisions: dict[int, Any]) -> np.ndarray:
+        parts = [var.encode(decisions[var.index]) for var in self.variables]
+        return np.concatenate(parts) if parts else np.zeros(0)
+
+    def sketch_decisions(self) -> dict[int, Any]:
+        """The decisions the sketch was generated with, in ``round``'s format."""
+        insts = _sampling_insts(self.trace)
+        out: dict[int, Any] = {}
+        for var in self.variables:
+            value = self.trace.decisions[insts[var.index]]
+            out[var.index] = [int(v) for v in value] if isinstance(var, TileVar) else int(value)
+        return out
+
+    def random_point(self, rng: np.random.Generator) -> np.ndarray:
+        """A point inside the constraint region: a random valid decision, encoded, plus jitter."""
+        decisions = {}
+        for var in self.variables:
+            if isinstance(var, TileVar):
+                raw = rng.uniform(0, 1, (var.n - 1, len(var.primes))) * (np.array(var.totals) + 1)
+                decisions[var.index] = var.round(raw.reshape(-1))
+            else:
+                decisions[var.index] = int(rng.integers(len(var.candidates)))
+        return self.encode(decisions) + rng.uniform(-0.3, 0.3, self.dim)
+
+    def decode(self, mod: Any, x: np.ndarray, postprocs: list[Any] | None = None):
+        """Apply the rounded point to ``mod``: (schedule or None if a postproc rejects it,
+        decisions read back from the schedule's trace)."""
+        import tvm
+
+        decisions = self.round(x)
+        insts = _sampling_insts(self.trace)
+        trace = self.trace
+        for index, value in decisions.items():
+            trace = trace.with_decision(insts[index], value, remove_postproc=True)
+        sch = tvm.s_tir.Schedule(mod)
+        trace.apply_to_schedule(sch, remove_postproc=False)
+        applied = SketchVariables(sch.trace, self.tiles, self.categoricals).sketch_decisions()
+        for postproc in postprocs or []:
+            if not postproc.apply(sch):
+                return None, applied
+        return sch, applied

@@ -127,7 +127,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     )
     validate(job)
     job.target = parse_target(args.target)
-    check_out_dir(job, fingerprint(job.model, job.entry, job.input_shapes))
+    model_id = fingerprint(job.model, job.entry, job.input_shapes)
+    check_out_dir(job, model_id)
     if job.mlflow_uri:
         check_tracking_uri(job.mlflow_uri)
     if job.tracker:
@@ -141,7 +142,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _quiet_prefect_user_errors()
     from .pipeline import print_summary
 
-    summary = tune_model(job.to_dict(), fingerprint(job.model, job.entry, job.input_shapes))
+    summary = tune_model(job.to_dict(), model_id)
     print_summary(summary)
     return 0
 

@@ -103,18 +103,20 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
     with rpc_tracker(job) as tracker, Progress(*columns, console=console) as progress:
         bar = progress.add_task("tune", total=job.trials, status="starting (MetaSchedule init)")
 
+        resumed = 0
+
+        def on_start(resumed_trials: int) -> None:
+            nonlocal resumed
+            resumed = resumed_trials
+            progress.update(bar, completed=min(job.trials, resumed))
+
         def on_round(record: RoundRecord) -> None:
             progress.update(
                 bar,
-                completed=min(job.trials, bar_offset + record.trials),
+                completed=min(job.trials, resumed + record.trials),
                 status=f"kernels ≈ {record.estimated_model_us / 1e3:.3f} ms",
             )
 
-        from .tune import count_records, open_database
-
-        job.out_dir.mkdir(parents=True, exist_ok=True)
-        bar_offset = min(job.trials, count_records(open_database(job.out_dir)))
-        progress.update(bar, completed=bar_offset)
         result = tune(
             tasks,
             target,
@@ -124,6 +126,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             time_budget=job.time_budget,
             search=job.search,
             seed=job.seed,
+            on_start=on_start,
             on_round=on_round,
         )
     if result.resumed_trials:

@@ -205,9 +205,13 @@ def tune(
     num_rpc_workers: int = 1,
     measure: MeasureSettings | None = None,
     seed: int = 0,
+    on_start: Callable[[int], None] | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
 ) -> TuneResult:
-    """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones)."""
+    """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
+
+    ``on_start`` gets the number of trials already in the database, ``on_round`` each batch.
+    """
     import psutil
     from tvm.s_tir import meta_schedule as ms
 
@@ -221,6 +225,8 @@ def tune(
     database = open_database(work_dir)
     result = TuneResult(database_dir=work_dir)
     result.resumed_trials = count_records(database)
+    if on_start is not None:
+        on_start(result.resumed_trials)
     best_us = best_from_database(database, tasks)
     result.best_us = best_us
     remaining = max_trials - result.resumed_trials

@@ -27,10 +27,12 @@ def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tm
     from gradtune.tune import tune
 
     _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
-    rounds = []
+    rounds, starts = [], []
     with LocalFleet() as tracker:
         result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=400, time_budget=1.0,
-                      trials_per_round=4, on_round=rounds.append)  # fmt: skip
+                      trials_per_round=4, on_start=starts.append,
+                      on_round=rounds.append)  # fmt: skip
+    assert starts == [0]
     assert result.stopped_by_time_budget
     assert 0 < result.trials < 400
     assert rounds == result.rounds and rounds[-1].trials == result.trials

@@ -163,7 +163,24 @@ class LocalFleet:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+            _await_group_exit(proc.pid)
         self._procs.clear()
+
+
+def _await_group_exit(pgid: int, grace: float = 5.0) -> None:
+    """The server forks a worker per session; the group leader can exit before its workers
+    do. Give the group ``grace`` seconds after SIGTERM, then SIGKILL whatever is left."""
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def _port_open(port: int) -> bool:

@@ -1,0 +1,591 @@
+"""The structure of a scheduled program as TVM's ``PerStoreFeature`` sees it, with every
+integer that depends on the schedule's decisions lifted out as a named *leaf*.
+
+``extract_program(mod)`` lowers a scheduled IRModule exactly as ``PerStoreFeature`` does and
+walks it like its C++ collector (``per_store_feature.cc``). What depends only on the loop
+structure (which loops exist, their kinds, which buffers each store touches, op counts per
+iteration, which loop carries the reuse, the order of buffer slots) is recorded as plain
+data: that is the *case* of the program. Every number that moves with the tile sizes (loop
+extents, elements touched per loop level, strides, buffer shapes, unroll steps) is recorded
+as a leaf key plus its value at this point. ``features.evaluate`` recomputes the 164 features
+from the case and any leaf values: the concrete ones (a port of the extractor) or the leaf
+*formulas* of the decisions (``formulas.py``), which is what makes them differentiable.
+
+Traps copied from the C++ (each changes features): serial, unannotated extent-1 loops are
+dropped before extraction (their variables become 0); a ``Select`` without buffer loads is the
+constant 1; comparisons are counted as integer ops (their type is bool); the stride extractor
+keeps the last multiplying constant; loops are keyed by node, never by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+CACHE_LINE_BYTES = 64
+
+# Order of the 16 arithmetic counters, as exported.
+ARITH_NAMES = (
+    "float_mad",
+    "float_add_sub",
+    "float_mul",
+    "float_div_mod",
+    "float_cmp",
+    "float_math_func",
+    "float_other_func",
+    "int_mad",
+    "int_add_sub",
+    "int_mul",
+    "int_div_mod",
+    "int_cmp",
+    "int_math_func",
+    "int_other_func",
+    "bool_op",
+    "select_op",
+)
+_BINARY = {
+    "Add": "add_sub",
+    "Sub": "add_sub",
+    "Mul": "mul",
+    "Div": "div_mod",
+    "Mod": "div_mod",
+    "FloorDiv": "div_mod",
+    "FloorMod": "div_mod",
+    "Max": "cmp",
+    "Min": "cmp",
+    "EQ": "cmp",
+    "NE": "cmp",
+    "LT": "cmp",
+    "LE": "cmp",
+    "GT": "cmp",
+    "GE": "cmp",
+}
+_LOADS = ("BufferLoad", "TensorLoad")
+_THREAD_TAGS = (
+    "blockIdx.x",
+    "blockIdx.y",
+    "blockIdx.z",
+    "threadIdx.x",
+    "threadIdx.y",
+    "threadIdx.z",
+)
+
+
+@dataclass
+class Loop:
+    key: str  # leaf key of its extent
+    kind: str  # serial | parallel | vectorized | unrolled | thread
+    tag: str = ""  # thread tag for thread bindings ("vthread" for any vthread.*)
+    unroll_key: str = ""  # leaf key of pragma_auto_unroll_max_step when > 0
+
+
+@dataclass
+class Access:
+    """One buffer a store touches (a ``SubFeature`` in the C++)."""
+
+    buffer: str
+    dtype_bytes: int
+    access_type: int  # 0 read, 1 write, 2 read-write
+    numel_keys: list[str]  # per loop level, outer to inner: elements touched by loops i..n-1
+    stride_level: int  # the innermost loop with a non-zero stride on this buffer, or -1
+    stride_key: str  # leaf: that stride (elements)
+    continuous_dim_key: str  # leaf: buffer shape of the innermost fully covered dim, or ""
+    reuse_type: int  # 0 loop multiple read, 1 serial multiple read/write, 2 none
+    reuse_level: int
+    # Serial reuse: the numel keys accessed under the reuse loop (this buffer), and all buffers'.
+    serial_touched: list[str] = field(default_factory=list)
+    # Reuse distance in bytes: (numel key, dtype bytes) summed; for loop reuse at the innermost
+    # loop the C++ uses a constant instead (top_loop_touch_bytes).
+    distance_terms: list[tuple[str, int]] = field(default_factory=list)
+    distance_const: float = 0.0
+
+
+@dataclass
+class Store:
+    buffer: str
+    loops: list[Loop]
+    arith: list[int]  # per-iteration op counts, ARITH_NAMES order
+    accesses: list[Access]  # in the C++'s sorted slot order at this point
+    alloc_shape_keys: list[str] | None  # group 4: the buffer's allocation, if any
+    alloc_loop_keys: list[str]
+    alloc_dtype_bytes: int = 4
+
+
+@dataclass
+class Program:
+    """One case of a sketch: structure plus leaf keys; ``values`` are the leaves here."""
+
+    stores: list[Store]
+    is_gpu: bool
+    values: dict[str, int]
+
+    def signature(self) -> str:
+        """Structure only (no leaf values): two points with equal signatures share a case."""
+        parts = []
+        for s in self.stores:
+            loops = ",".join(
+                f"{lp.key}:{lp.kind}{lp.tag}{'U' if lp.unroll_key else ''}" for lp in s.loops
+            )
+            acc = ";".join(
+                f"{a.buffer}/{a.access_type}/{a.stride_level}/{a.continuous_dim_key}/"
+                f"{a.reuse_type}/{a.reuse_level}/{len(a.serial_touched)}"
+                for a in s.accesses
+            )
+            parts.append(f"{s.buffer}[{loops}]{s.arith}{{{acc}}}{s.alloc_shape_keys}")
+        return "|".join(parts)
+
+
+def lower_for_features(mod: Any) -> Any:
+    """The pass list ``PerStoreFeature`` runs before extracting, minus its first simplifier
+    (not exposed to Python: the walker below applies its two rules itself)."""
+    import tvm
+    from tvm import s_tir, tirx
+
+    passes = tvm.transform.Sequential(
+        [
+            s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True),
+            s_tir.transform.LowerCrossThreadReduction(),
+            s_tir.transform.LowerInitBlock(),
+            s_tir.transform.PlanAndUpdateBufferAllocationLocation(),
+            s_tir.transform.ConvertBlocksToOpaque(),
+            s_tir.transform.CompactBufferAllocation(),
+            tirx.transform.StmtSimplify(),
+            s_tir.transform.LowerAutoCopy(),
+            s_tir.transform.UnifyThreadBinding(),
+            s_tir.transform.LowerMatchBuffer(),
+            tirx.transform.StmtSimplify(),
+        ]
+    )
+    return passes(mod)
+
+
+def _type(node: Any) -> str:
+    return type(node).__name__
+
+
+def _children(expr: Any) -> list[Any]:
+    t = _type(expr)
+    if t in _BINARY or t in ("And", "Or"):
+        return [expr.a, expr.b]
+    if t == "Not":
+        return [expr.a]
+    if t == "Select":
+        return [expr.condition, expr.true_value, expr.false_value]
+    if t == "Call":
+        return list(expr.args)
+    if t in _LOADS:
+        return list(expr.indices)
+    if t == "Cast":
+        return [expr.value]
+    if t == "Ramp":
+        return [expr.base, expr.stride]
+    if t == "Broadcast":
+        return [expr.value]
+    if t == "Let":
+        return [expr.value, expr.body]
+    if t == "Shuffle":
+        return [*expr.vectors, *expr.indices]
+    return []
+
+
+def _load_buffer(load: Any) -> Any:
+    # TVM 0.27 prints and builds BufferLoad as TensorLoad whose ``source`` is the buffer.
+    return load.buffer if hasattr(load, "buffer") else load.source
+
+
+def _has_load(expr: Any) -> bool:
+    if _type(expr) in _LOADS:
+        return True
+    return any(_has_load(c) for c in _children(expr))
+
+
+def _is_float(dtype: Any) -> bool:
+    return str(dtype).startswith("float")
+
+
+def _call_is_pure(call: Any) -> bool:
+    import tvm
+
+    op = call.op
+    if not isinstance(op, tvm.ir.Op):
+        return False
+    effect = op.get_attr("TCallEffectKind")
+    # CallEffectKind: 0 expr annotation, 1 pure, others have effects.
+    return effect is not None and int(effect) in (0, 1)
+
+
+def count_ops(expr: Any) -> list[int]:
+    """Per-iteration op counts of a store's value (the C++ multiplies by the loop product)."""
+    counts = dict.fromkeys(ARITH_NAMES, 0)
+
+    def visit(e: Any) -> None:
+        t = _type(e)
+        if t == "Select" and not _has_load(e):
+            return  # SimplifyForFeatureExtraction turns it into the constant 1
+        for c in _children(e):
+            visit(c)
+        if t in ("And", "Or", "Not"):
+            counts["bool_op"] += 1
+        elif t == "Select":
+            counts["select_op"] += 1
+        elif t in _BINARY:
+            prefix = "float_" if _is_float(e.ty) else "int_"
+            counts[prefix + _BINARY[t]] += 1
+        elif t == "Call":
+            prefix = "float_" if _is_float(e.ty) else "int_"
+            counts[prefix + ("math_func" if _call_is_pure(e) else "other_func")] += 1
+
+    visit(expr)
+    return [counts[n] for n in ARITH_NAMES]
+
+
+def _coefficient(expr: Any, var: Any) -> int:
+    """``CoefficientExtractor``: post-order, the last multiplying constant wins."""
+    state = {"var": False, "add": False, "mul": False, "stride": 0}
+
+    def visit(e: Any) -> None:
+        for c in _children(e):
+            visit(c)
+        t = _type(e)
+        if t == "Var" and e.same_as(var):
+            state["var"], state["stride"] = True, 2
+        elif t == "Mul" and state["var"] and not state["add"]:
+            if _type(e.a) == "IntImm":
+                state["mul"], state["stride"] = True, int(e.a.value)
+            elif _type(e.b) == "IntImm":
+                state["mul"], state["stride"] = True, int(e.b.value)
+        elif t == "Add" and state["var"] and not state["mul"]:
+            state["add"], state["stride"] = True, 1
+
+    visit(expr)
+    if state["var"] and not state["mul"] and not state["add"]:
+        return 1
+    return state["stride"] if state["var"] else 0
+
+
+def _vars_in(expr: Any, out: list[Any]) -> None:
+    if _type(expr) == "Var":
+        out.append(expr)
+    for c in _children(expr):
+        _vars_in(c, out)
+
+
+def _shape(buffer: Any) -> list[int]:
+    return [int(s.value) if _type(s) == "IntImm" else 1 for s in buffer.shape]
+
+
+def _bytes(buffer: Any) -> int:
+    import tvm
+
+    dtype = tvm.runtime.DataType(str(buffer.dtype))
+    return max(1, (dtype.bits * dtype.lanes + 7) // 8)
+
+
+class _Collector:
+    def __init__(self, is_gpu: bool) -> None:
+        import tvm
+
+        self.is_gpu = is_gpu
+        self.analyzer = tvm.sym.Analyzer()
+        self.values: dict[str, int] = {}
+        self.nest: list[tuple[Any, Loop]] = []  # (For node, Loop)
+        self.loop_ids: dict[int, str] = {}
+        self.key_counts: dict[str, int] = {}
+        self.store_counts: dict[str, int] = {}
+        # loop key → buffer → [numel keys], in visiting order (C++ buffer_touched_under_loop)
+        self.touched: dict[str, dict[str, list[str]]] = {}
+        self.buffer_bytes: dict[str, int] = {}
+        self.stores: dict[str, Store] = {}  # by buffer name, first-store order
+        self.allocs: dict[str, tuple[list[str], list[str], int]] = {}
+        self.shape_keys: dict[str, list[str]] = {}
+        self.first_order: list[str] = []
+
+    # -- leaves --------------------------------------------------------------------------
+    def leaf(self, key: str, value: int) -> str:
+        self.values[key] = int(value)
+        return key
+
+    def buffer_shape_keys(self, buffer: Any) -> list[str]:
+        name = buffer.name
+        if name not in self.shape_keys:
+            self.shape_keys[name] = [
+                self.leaf(f"B:{name}:{d}", v) for d, v in enumerate(_shape(buffer))
+            ]
+        return self.shape_keys[name]
+
+    def loop_key(self, loop: Any) -> str:
+        if loop.id_ not in self.loop_ids:
+            base = f"L:{loop.loop_var.name}@{_first_store(loop.body) or '-'}"
+            n = self.key_counts.get(base, 0)
+            self.key_counts[base] = n + 1
+            self.loop_ids[loop.id_] = base if n == 0 else f"{base}#{n}"
+        return self.loop_ids[loop.id_]
+
+    # -- walk ----------------------------------------------------------------------------
+    def visit(self, stmt: Any) -> None:
+        t = _type(stmt)
+        if t == "For":
+            self.visit_for(stmt)
+        elif t == "SeqStmt":
+            for s in stmt.seq:
+                self.visit(s)
+        elif t == "SBlockRealize":
+            self.visit(stmt.block)
+        elif t == "SBlock":
+            if stmt.init is not None:
+                self.visit(stmt.init)
+            self.visit(stmt.body)
+            for buffer in stmt.alloc_buffers:
+                self.handle_alloc(buffer)
+        elif t == "BufferStore":
+            self.visit_store(stmt)
+        elif t == "IfThenElse":
+            self.visit(stmt.then_case)
+            if stmt.else_case is not None:
+                self.visit(stmt.else_case)
+        elif t in ("AttrStmt", "LetStmt", "DeclBuffer") and hasattr(stmt, "body"):
+            self.visit(stmt.body)
+
+    def visit_for(self, loop: Any) -> None:
+
+        extent = loop.extent
+        if _type(extent) == "IntImm" and int(extent.value) == 0:
+            return
+        kind = int(loop.kind)
+        unit = (
+            _type(loop.min) == "IntImm"
+            and int(loop.min.value) == 0
+            and _type(extent) == "IntImm"
+            and int(extent.value) == 1
+            and kind == 0
+            and len(loop.annotations) == 0
+        )
+        if unit:
+            # SimplifyForFeatureExtraction: the loop disappears, its variable becomes 0.
+            self.analyzer.bind(loop.loop_var, loop.min, True)
+            self.visit(loop.body)
+            return
+        if _type(extent) != "IntImm":
+            raise ValueError(f"loop {loop.loop_var.name} has a non-constant extent")
+        key = self.leaf(self.loop_key(loop), int(extent.value))
+        names = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled", 4: "thread"}
+        info = Loop(key=key, kind=names.get(kind, "serial"))
+        if info.kind == "thread":
+            tag = loop.thread_binding.thread_tag
+            if tag.startswith("vthread"):
+                info.tag = "vthread"
+            elif tag in _THREAD_TAGS:
+                info.tag = tag
+            else:
+                raise ValueError(f"unable to recognize thread tag {tag}")
+        unroll = loop.annotations.get("pragma_auto_unroll_max_step")
+        if unroll is not None and int(unroll) > 0:
+            info.unroll_key = self.leaf(f"U:{key}", int(unroll))
+        self.nest.append((loop, info))
+        self.visit(loop.body)
+        self.nest.pop()
+
+    def handle_alloc(self, buffer: Any) -> None:
+        self.allocs[buffer.name] = (
+            self.buffer_shape_keys(buffer),
+            [info.key for _, info in self.nest],
+            _bytes(buffer),
+        )
+
+    def visit_store(self, store: Any) -> None:
+        import tvm
+
+        value = store.value
+        if _type(value) in ("IntImm", "FloatImm"):
+            return
+        name = store.buffer.name
+        k = self.store_counts.get(name, 0)
+        self.store_counts[name] = k + 1
+        skey = f"{name}#{k}"
+        loops = [info for _, info in self.nest]
+        n = len(loops)
+
+        # Init: buffers touched, access type, multi-indices (first-seen order).
+        order: list[str] = [name]
+        buffers = {name: store.buffer}
+        access = {name: 1}
+        indices: dict[str, list[list[Any]]] = {name: [list(store.indices)]}
+
+        def on_load(e: Any) -> None:
+            for c in _children(e):
+                on_load(c)
+            if _type(e) in _LOADS:
+                buffer = _load_buffer(e)
+                b = buffer.name
+                if b not in access:
+                    order.append(b)
+                    buffers[b] = buffer
+                    access[b] = 0
+                    indices[b] = []
+                elif access[b] == 1:
+                    access[b] = 2
+                if access[b] != 2:
+                    indices[b].append(list(e.indices))
+
+        on_load(value)
+
+        # Region: bind every loop to its min, then open them from inner to outer.
+        for loop, _ in self.nest:
+            self.analyzer.bind(loop.loop_var, loop.min, True)
+        numel_keys: dict[str, list[str]] = {b: [""] * n for b in order}
+        shape0: dict[str, list[int]] = {b: [1] * len(buffers[b].shape) for b in order}
+        for i in range(n - 1, -1, -1):
+            loop, info = self.nest[i]
+            self.analyzer.bind(
+                loop.loop_var, tvm.ir.Range.from_min_extent(loop.min, loop.extent), True
+            )
+            for b in order:
+                numel, shape = 1, []
+                for dim in range(len(buffers[b].shape)):
+                    lo, hi = None, None
+                    for idx in indices[b]:
+                        bound = self.analyzer.const_int_bound(idx[dim])
+                        lo = bound.min_value if lo is None else min(lo, bound.min_value)
+                        hi = bound.max_value if hi is None else max(hi, bound.max_value)
+                    extent = (hi - lo + 1) if indices[b] else 0
+                    shape.append(extent)
+                    numel *= extent
+                if not indices[b]:
+                    numel = 1
+                    shape = []
+                numel = max(0, numel)
+                key = self.leaf(f"N:{skey}:{b}:{info.key}", numel)
+                numel_keys[b][i] = key
+                self.touched.setdefault(info.key, {}).setdefault(b, []).append(key)
+                if i == 0:
+                    shape0[b] = shape
+        for b in order:
+            self.buffer_bytes[b] = _bytes(buffers[b])
+
+        accesses = []
+        for b in order:
+            buf = buffers[b]
+            nbytes = _bytes(buf)
+            bshape = _shape(buf)
+            shape_keys = self.buffer_shape_keys(buf)
+            ndim = len(bshape)
+            strides = [1] * ndim
+            for d in range(ndim - 2, -1, -1):
+                strides[d] = strides[d + 1] * bshape[d + 1]
+            cont_key = ""
+            if n > 0:
+                for d in range(ndim - 1, -1, -1):
+                    if shape0[b][d] == bshape[d]:
+                        cont_key = shape_keys[d]
+                        break
+            stride, level = 0, -1
+            for i in range(n - 1, -1, -1):
+                var = self.nest[i][0].loop_var
+                best = None
+                for idx in indices[b]:
+                    for d in range(ndim - 1, -1, -1):
+                        coef = _coefficient(idx[d], var)
+                        if coef != 0:
+                            s = abs(coef) * strides[d]
+                            best = s if best is None else min(best, s)
+                            break
+                if best is not None and best != 0:
+                    stride, level = best, i
+                    break
+            stride_key = self.leaf(f"S:{skey}:{b}", stride)
+
+            region_vars: list[Any] = []
+            for idx in indices[b]:
+                for e in idx:
+                    _vars_in(e, region_vars)
+            acc = Access(
+                buffer=b,
+                dtype_bytes=nbytes,
+                access_type=access[b],
+                numel_keys=numel_keys[b],
+                stride_level=level,
+                stride_key=stride_key,
+                continuous_dim_key=cont_key,
+                reuse_type=2,
+                reuse_level=-1,
+            )
+            for i in range(n - 1, -1, -1):
+                var = self.nest[i][0].loop_var
+                if not any(v.same_as(var) for v in region_vars):
+                    acc.reuse_type, acc.reuse_level = 0, i
+                    if i == n - 1:
+                        acc.distance_const = float(sum(self.buffer_bytes[x] for x in order))
+                    else:
+                        under = self.touched[loops[i + 1].key]
+                        acc.distance_terms = [
+                            (key, self.buffer_bytes[x]) for x, keys in under.items() for key in keys
+                        ]
+                    break
+                touched = self.touched[loops[i].key][b]
+                if len(touched) >= 2:
+                    acc.reuse_type, acc.reuse_level = 1, i
+                    acc.serial_touched = list(touched)
+                    under = self.touched[loops[i].key]
+                    acc.distance_terms = [
+                        (key, self.buffer_bytes[x]) for x, keys in under.items() for key in keys
+                    ]
+                    break
+            accesses.append(acc)
+
+        if name not in self.stores:
+            self.first_order.append(name)  # slots keep first-store order; the last store wins
+        self.stores[name] = Store(
+            buffer=name,
+            loops=loops,
+            arith=count_ops(value),
+            accesses=accesses,
+            alloc_shape_keys=None,
+            alloc_loop_keys=[],
+        )
+
+
+def _first_store(stmt: Any) -> str | None:
+    t = _type(stmt)
+    if t == "BufferStore":
+        return stmt.buffer.name
+    for attr in ("body", "block", "then_case", "else_case", "init"):
+        child = getattr(stmt, attr, None) if t != "Evaluate" else None
+        if child is not None and not isinstance(child, (int, str)) and hasattr(child, "same_as"):
+            if _type(child) in ("Var", "IntImm"):
+                continue
+            found = _first_store(child)
+            if found:
+                return found
+    if t == "SeqStmt":
+        for s in stmt.seq:
+            found = _first_store(s)
+            if found:
+                return found
+    return None
+
+
+def extract_program(mod: Any, is_gpu: bool = False, lowered: bool = False) -> Program:
+    """The case and the leaf values of a scheduled IRModule (``sch.mod``)."""
+    if not lowered:
+        mod = lower_for_features(mod)
+    collector = _Collector(is_gpu)
+    for _, func in mod.functions.items():
+        if _type(func) != "PrimFunc":
+            continue
+        collector.visit(func.body)
+        for param in func.params:
+            if hasattr(param, "shape") and hasattr(param, "dtype") and hasattr(param, "name"):
+                try:
+                    collector.handle_alloc(param)
+                except AttributeError:
+                    pass
+    stores = []
+    for name in collector.first_order:
+        store = collector.stores[name]
+        if name in collector.allocs:
+            shape_keys, loop_keys, nbytes = collector.allocs[name]
+            store.alloc_shape_keys = shape_keys
+            store.alloc_loop_keys = loop_keys
+            store.alloc_dtype_bytes = nbytes
+        stores.append(store)
+    return Program(stores=stores, is_gpu=is_gpu, values=collector.values)

@@ -99,6 +99,16 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("ref", metavar="NAME@ALIAS")
     pull.add_argument("--out", required=True, help="directory to download into")
     pull.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
+
+    symbolic = sub.add_parser("symbolic", help="symbolic schedules and feature formulas")
+    symbolic_sub = symbolic.add_subparsers(dest="symbolic_command", required=True)
+    verify = symbolic_sub.add_parser(
+        "verify", help="check the feature formulas of a task against TVM's PerStoreFeature"
+    )
+    verify.add_argument("path", help="TVMScript file holding the task's IRModule / PrimFunc")
+    verify.add_argument("--target", default=None, help="llvm (default: this CPU), cuda or JSON")
+    verify.add_argument("--samples", type=int, default=20, help="random decisions per sketch")
+    verify.add_argument("--seed", type=int, default=0)
     return parser  # fmt: skip
 
 
@@ -157,12 +167,19 @@ def cmd_pull(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_symbolic(args: argparse.Namespace) -> int:
+    from .symbolic.verify import run
+
+    return run(args.path, args.target, args.samples, args.seed)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
-        return {"tune": cmd_tune, "pull": cmd_pull}[args.command](args)
+        commands = {"tune": cmd_tune, "pull": cmd_pull, "symbolic": cmd_symbolic}
+        return commands[args.command](args)
     except GradtuneError as err:
         print(f"gradtune: error: {err}", file=sys.stderr)
         return err.exit_code

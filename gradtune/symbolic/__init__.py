@@ -1,10 +1,18 @@
-"""Felix's symbolic schedules (Felix §3.2) on MetaSchedule sketches.
+"""Felix's symbolic schedules (Felix §3.2–3.3) on MetaSchedule sketches.
 
-So far: the variables of a sketch and the decoding of a continuous point into a valid trace
-(``variables``). Feature formulas and their verification against ``PerStoreFeature`` are the
-rest of issue 3.
+- ``variables``: a sketch's decisions as continuous variables (prime exponents of tile
+  factors, log-relaxed categoricals) and ``decode`` back to a valid trace.
+- ``program``: a scheduled program as ``PerStoreFeature`` sees it — its case (loop structure)
+  plus named integer leaves (extents, touched regions, strides, shapes, unroll steps).
+- ``features``: TVM's 164 per-store features as a torch function of the leaves (exact or
+  smooth).
+- ``formulas``: closed forms of the leaves in the decisions, fitted by probing.
+- ``sketch``: ``SymbolicSketch`` ties them together: ``features(x)`` differentiable in x,
+  ``penalties(x)`` for the constraint region.
+- ``verify``: ``gradtune symbolic verify`` against TVM's own extractor.
 """
 
+from .sketch import SymbolicSketch
 from .variables import CategoricalVar, SketchVariables, TileVar
 
-__all__ = ["CategoricalVar", "SketchVariables", "TileVar"]
+__all__ = ["CategoricalVar", "SketchVariables", "SymbolicSketch", "TileVar"]

@@ -35,6 +35,33 @@ GROUPS = (
 _LN2 = math.log(2.0)
 
 
+def _feature_names() -> list[str]:
+    from gradtune.symbolic.program import ARITH_NAMES
+
+    names = list(ARITH_NAMES)
+    positions = ["none", "inner_spatial", "middle_spatial", "outer_spatial"]
+    positions += ["inner_reduce", "middle_reduce", "outer_reduce", "mixed"]
+    for kind in ("vectorize", "unroll", "parallel"):
+        names += [f"{kind}_num", f"{kind}_prod", f"{kind}_len"]
+        names += [f"{kind}_pos_{p}" for p in positions]
+    names += ["is_gpu", "blockIdx_x_len", "blockIdx_y_len", "blockIdx_z_len"]
+    names += ["threadIdx_x_len", "threadIdx_y_len", "threadIdx_z_len", "vthread_len"]
+    access = ["read", "write", "read_write", "bytes", "unique_bytes", "lines", "unique_lines"]
+    access += ["reuse_loop", "reuse_serial", "reuse_none", "reuse_dis_iter", "reuse_dis_bytes"]
+    access += ["reuse_ct", "bytes_d_reuse_ct", "unique_bytes_d_reuse_ct", "lines_d_reuse_ct"]
+    access += ["unique_lines_d_reuse_ct", "stride"]
+    for slot in range(BUFFERS_PER_STORE):
+        names += [f"buf{slot}_{a}" for a in access]
+    names += [f"arith_intensity_{i}" for i in range(CURVE_SAMPLES)]
+    names += ["alloc_size", "alloc_prod", "alloc_outer_prod", "alloc_inner_prod"]
+    names += ["outer_prod", "num_loops", "auto_unroll_max_step"]
+    return names
+
+
+FEATURE_NAMES = _feature_names()
+assert len(FEATURE_NAMES) == FEATURES
+
+
 def slog(x: torch.Tensor) -> torch.Tensor:
     """log2(1 + |x|), the transform TVM applies to every numeric feature."""
     return torch.log1p(x.abs()) / _LN2
@@ -72,6 +99,9 @@ def evaluate(
 
     def leaf(key: str) -> torch.Tensor:
         return leaves[key].to(torch.float64)
+
+    def elems(dims: tuple[str, ...]) -> torch.Tensor:
+        return _prod([leaf(k) for k in dims], one).clamp(min=0)
 
     rows = []
     for store in program.stores:
@@ -111,7 +141,7 @@ def evaluate(
             if n == 0:
                 unique_bytes = lines = unique_lines = one
             else:
-                unique_bytes = leaf(acc.numel_keys[0]) * nbytes
+                unique_bytes = elems(acc.numel_keys[0]) * nbytes
                 inner = _prod([extents[j] for j in range(acc.stride_level + 1, n)], one)
                 ratio = leaf(acc.stride_key) * nbytes / CACHE_LINE_BYTES
                 lines = prod / inner * smooth_min(one, ratio, mode)
@@ -127,17 +157,17 @@ def evaluate(
                 reuse_ct = extents[i]
                 dis_iter = _prod([extents[j] for j in range(i + 1, n)], one)
                 if acc.distance_terms:
-                    dis_bytes = sum(leaf(k).clamp(min=0) * b for k, b in acc.distance_terms)
+                    dis_bytes = sum(elems(k) * b for k, b in acc.distance_terms)
                 else:
                     dis_bytes = one * acc.distance_const
             elif acc.reuse_type == 1:
                 i = acc.reuse_level
                 reuse_ct = one * (len(acc.serial_touched) - 1)
-                touched = [leaf(k) for k in acc.serial_touched]
+                touched = [elems(k) for k in acc.serial_touched]
                 low = touched[0]
                 for t in touched[1:]:
                     low = smooth_min(low, t, mode)
-                dis_bytes = sum(leaf(k).clamp(min=0) * b for k, b in acc.distance_terms)
+                dis_bytes = sum(elems(k) * b for k, b in acc.distance_terms)
                 dis_iter = low / extents[i]
                 dis_bytes = dis_bytes / extents[i]
             else:
@@ -170,8 +200,7 @@ def evaluate(
         # Group 3: arithmetic intensity (FLOPs / bytes touched) sampled along the loop nest.
         float_ops = sum(store.arith[:7])
         touched_bytes = [
-            sum(leaf(a.numel_keys[i]).clamp(min=0) * a.dtype_bytes for a in store.accesses)
-            for i in range(n)
+            sum(elems(a.numel_keys[i]) * a.dtype_bytes for a in store.accesses) for i in range(n)
         ]
         curve = _intensity_curve(float_ops, extents, touched_bytes, zero)
 

@@ -86,17 +86,19 @@ class Access:
     buffer: str
     dtype_bytes: int
     access_type: int  # 0 read, 1 write, 2 read-write
-    numel_keys: list[str]  # per loop level, outer to inner: elements touched by loops i..n-1
+    # Per loop level, outer to inner: the extent leaves, per buffer dimension, of the region
+    # touched by loops i..n-1 (elements = their product, clamped at 0).
+    numel_keys: list[tuple[str, ...]]
     stride_level: int  # the innermost loop with a non-zero stride on this buffer, or -1
     stride_key: str  # leaf: that stride (elements)
     continuous_dim_key: str  # leaf: buffer shape of the innermost fully covered dim, or ""
     reuse_type: int  # 0 loop multiple read, 1 serial multiple read/write, 2 none
     reuse_level: int
     # Serial reuse: the numel keys accessed under the reuse loop (this buffer), and all buffers'.
-    serial_touched: list[str] = field(default_factory=list)
+    serial_touched: list[tuple[str, ...]] = field(default_factory=list)
     # Reuse distance in bytes: (numel key, dtype bytes) summed; for loop reuse at the innermost
     # loop the C++ uses a constant instead (top_loop_touch_bytes).
-    distance_terms: list[tuple[str, int]] = field(default_factory=list)
+    distance_terms: list[tuple[tuple[str, ...], int]] = field(default_factory=list)
     distance_const: float = 0.0
 
 
@@ -293,7 +295,7 @@ class _Collector:
         self.key_counts: dict[str, int] = {}
         self.store_counts: dict[str, int] = {}
         # loop key → buffer → [numel keys], in visiting order (C++ buffer_touched_under_loop)
-        self.touched: dict[str, dict[str, list[str]]] = {}
+        self.touched: dict[str, dict[str, list[tuple[str, ...]]]] = {}
         self.buffer_bytes: dict[str, int] = {}
         self.stores: dict[str, Store] = {}  # by buffer name, first-store order
         self.allocs: dict[str, tuple[list[str], list[str], int]] = {}
@@ -432,7 +434,7 @@ class _Collector:
         # Region: bind every loop to its min, then open them from inner to outer.
         for loop, _ in self.nest:
             self.analyzer.bind(loop.loop_var, loop.min, True)
-        numel_keys: dict[str, list[str]] = {b: [""] * n for b in order}
+        numel_keys: dict[str, list[tuple[str, ...]]] = {b: [()] * n for b in order}
         shape0: dict[str, list[int]] = {b: [1] * len(buffers[b].shape) for b in order}
         for i in range(n - 1, -1, -1):
             loop, info = self.nest[i]
@@ -453,10 +455,13 @@ class _Collector:
                 if not indices[b]:
                     numel = 1
                     shape = []
-                numel = max(0, numel)
-                key = self.leaf(f"N:{skey}:{b}:{info.key}", numel)
-                numel_keys[b][i] = key
-                self.touched.setdefault(info.key, {}).setdefault(b, []).append(key)
+                # One leaf per dimension: halos make each dimension affine in the tiles, and
+                # their product is then no single closed form.
+                dims = tuple(
+                    self.leaf(f"N:{skey}:{b}:{info.key}:{d}", e) for d, e in enumerate(shape)
+                )
+                numel_keys[b][i] = dims
+                self.touched.setdefault(info.key, {}).setdefault(b, []).append(dims)
                 if i == 0:
                     shape0[b] = shape
         for b in order:

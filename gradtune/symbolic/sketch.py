@@ -1,0 +1,276 @@
+"""A symbolic schedule: one MetaSchedule sketch as variables, leaf formulas and cases.
+
+``SymbolicSketch.build`` probes the sketch (``formulas``) so that every leaf of its programs is
+a closed form of the decisions. ``features(x, mode)`` is then a torch function of the
+continuous point ``x``: the leaves are evaluated from ``x`` (tile factors 2^(Σ exponent · log2
+prime), categoricals 2^x − 1), and the program's *case* — which loops exist after unit-loop
+removal, fusion for parallelism, vectorization and unrolling, as ``PerStoreFeature`` sees them
+— is the one of the rounded point, replayed once in TVM and cached by its decisions (DESIGN
+§4b: case boundaries are where TVM's lowering branches). Within a case the features are smooth
+in ``x``; across cases they jump, which is what the rounded candidates are re-scored for.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from gradtune.symbolic.features import evaluate
+from gradtune.symbolic.formulas import LeafFormula, fit_leaf
+from gradtune.symbolic.program import Program, extract_program
+from gradtune.symbolic.variables import CategoricalVar, SketchVariables, TileVar
+
+
+def _decision_key(decisions: dict[int, Any]) -> tuple:
+    return tuple((i, tuple(v) if isinstance(v, list) else v) for i, v in sorted(decisions.items()))
+
+
+@dataclass
+class Probe:
+    decisions: dict[int, Any]
+    program: Program
+    schedule: Any
+
+
+@dataclass
+class SymbolicSketch:
+    mod: Any
+    variables: SketchVariables
+    postprocs: list[Any]
+    is_gpu: bool
+    formulas: dict[str, LeafFormula] = field(default_factory=dict)
+    unsupported: dict[str, str] = field(default_factory=dict)  # leaf key → why
+    probes: int = 0
+    local_fits: int = 0  # cases that needed leaves fitted on their own neighbours
+    _cases: dict[tuple, Probe | None] = field(default_factory=dict)
+    # Per case signature: leaf formulas fitted on same-case neighbours (piecewise leaves).
+    _case_formulas: dict[str, dict[str, LeafFormula]] = field(default_factory=dict)
+
+    # -- the decision columns ---------------------------------------------------------------
+    @property
+    def n_factors(self) -> int:
+        return sum(t.n - 1 for t in self.variables.tiles)
+
+    def columns(self, decisions: dict[int, Any]) -> tuple[np.ndarray, np.ndarray]:
+        """log inner tile factors (F,) and categorical values (C,) of integer decisions."""
+        logs = [math.log(f) for t in self.variables.tiles for f in decisions[t.index][1:]]
+        cats = [c.candidates[decisions[c.index]] for c in self.variables.categoricals]
+        return np.asarray(logs, dtype=float), np.asarray(cats, dtype=float)
+
+    def continuous_columns(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The same columns as differentiable functions of continuous points (batch, dim)."""
+        logs, cats, offset = [], [], 0
+        for var in self.variables.variables:
+            part = x[:, offset : offset + var.size]
+            offset += var.size
+            if isinstance(var, TileVar) and not var.primes:
+                logs.append(torch.zeros((x.shape[0], var.n - 1), dtype=x.dtype))  # extent 1
+            elif isinstance(var, TileVar):
+                log_primes = torch.tensor([math.log(p) for p in var.primes], dtype=x.dtype)
+                exps = part.reshape(-1, var.n - 1, len(var.primes))
+                logs.append(exps @ log_primes)  # (batch, n − 1)
+            else:
+                cats.append(torch.exp2(part[:, 0]) - 1.0)
+        batch = x.shape[0]
+        log_f = torch.cat(logs, 1) if logs else torch.zeros((batch, 0), dtype=x.dtype)
+        cat_t = torch.stack(cats, 1) if cats else torch.zeros((batch, 0), dtype=x.dtype)
+        return log_f, cat_t
+
+    # -- probing ------------------------------------------------------------------------------
+    def replay(self, decisions: dict[int, Any]) -> Probe | None:
+        """Apply integer decisions in TVM (cached): the case program, or None if invalid."""
+        key = _decision_key(decisions)
+        if key not in self._cases:
+            x = self.variables.encode(decisions)
+            sch, applied = self.variables.decode(self.mod, x, self.postprocs)
+            self.probes += 1
+            probe = None
+            if sch is not None:
+                probe = Probe(applied, extract_program(sch.mod, self.is_gpu), sch)
+            self._cases[key] = probe
+        return self._cases[key]
+
+    def random_decisions(self, rng: np.random.Generator) -> dict[int, Any]:
+        return self.variables.round(self.variables.random_point(rng))
+
+    @classmethod
+    def build(
+        cls,
+        mod: Any,
+        sketch_trace: Any,
+        postprocs: list[Any],
+        is_gpu: bool = False,
+        rng: np.random.Generator | None = None,
+        min_probes: int = 24,
+    ) -> SymbolicSketch:
+        """Variables from the sketch's trace, then leaf formulas fitted on random probes."""
+        rng = rng or np.random.default_rng(0)
+        sym = cls(mod, SketchVariables.from_trace(sketch_trace), postprocs, is_gpu)
+        wanted = max(min_probes, 2 * (sym.n_factors + 1) + 4)
+        probes = [sym.replay(sym.variables.sketch_decisions())]
+        attempts = 0
+        while len([p for p in probes if p]) < wanted and attempts < 4 * wanted:
+            probes.append(sym.replay(sym.random_decisions(rng)))
+            attempts += 1
+        sym.fit([p for p in probes if p is not None])
+        return sym
+
+    def fit(self, probes: list[Probe]) -> None:
+        observed: dict[str, list[tuple[np.ndarray, np.ndarray, int]]] = {}
+        for probe in probes:
+            log_f, cats = self.columns(probe.decisions)
+            for key, value in probe.program.values.items():
+                observed.setdefault(key, []).append((log_f, cats, value))
+        for key, rows in observed.items():
+            log_f = np.stack([r[0] for r in rows])
+            cats = np.stack([r[1] for r in rows])
+            values = np.asarray([r[2] for r in rows], dtype=float)
+            formula = fit_leaf(log_f, cats, values)
+            if formula is None:
+                self.unsupported[key] = f"no closed form fits its {len(rows)} probes"
+                self.formulas.pop(key, None)
+            else:
+                self.formulas[key] = formula
+                self.unsupported.pop(key, None)
+
+    def neighbours(self, decisions: dict[int, Any], rng: np.random.Generator) -> list:
+        """Decisions one prime move away (between two factors of one tile, or a categorical
+        step): the probes that share a case with ``decisions`` are most likely among them."""
+        out = []
+        for var in self.variables.tiles:
+            factors = list(decisions[var.index])
+            for p in var.primes:
+                for src in range(var.n):
+                    if factors[src] % p:
+                        continue
+                    for dst in range(var.n):
+                        if dst == src:
+                            continue
+                        moved = list(factors)
+                        moved[src] //= p
+                        moved[dst] *= p
+                        if var.max_innermost > 0 and moved[-1] > var.max_innermost:
+                            continue
+                        out.append({**decisions, var.index: moved})
+        for var in self.variables.categoricals:
+            for choice in range(len(var.candidates)):
+                if choice != decisions[var.index]:
+                    out.append({**decisions, var.index: choice})
+        order = rng.permutation(len(out))
+        return [out[i] for i in order]
+
+    def fit_case(self, probe: Probe, rng: np.random.Generator | None = None) -> dict:
+        """Leaf formulas for ``probe``'s case, from same-case neighbours only (never from the
+        point itself): a sketch-wide formula is kept where it reproduces every neighbour,
+        refitted on the neighbours where it does not (a piecewise leaf), and fitted there when
+        the sketch has none."""
+        program = probe.program
+        signature = program.signature()
+        if signature in self._case_formulas:
+            return self._case_formulas[signature]
+        rng = rng or np.random.default_rng(len(self._case_formulas))
+        wanted = self.n_factors + 2
+        same: list[Probe] = []
+        for decisions in self.neighbours(probe.decisions, rng)[: 4 * wanted]:
+            other = self.replay(decisions)
+            if other is not None and other.program.signature() == signature:
+                if _decision_key(other.decisions) != _decision_key(probe.decisions):
+                    same.append(other)
+            if len(same) >= wanted:
+                break
+        local: dict[str, LeafFormula] = {}
+        if same:
+            cols = [self.columns(o.decisions) for o in same]
+            log_f = np.stack([c[0] for c in cols])
+            cats = np.stack([c[1] for c in cols])
+            log_t, cat_t = torch.as_tensor(log_f), torch.as_tensor(cats)
+            for key in program.values:
+                values = np.asarray([o.program.values[key] for o in same], dtype=float)
+                formula = self.formulas.get(key)
+                if formula is not None:
+                    got = formula.evaluate(log_t, cat_t).numpy()
+                    if np.allclose(got, values, rtol=1e-9, atol=1e-9):
+                        continue
+                refit = fit_leaf(log_f, cats, values)
+                if refit is not None:
+                    local[key] = refit
+            if local:
+                self.local_fits += 1
+        self._case_formulas[signature] = local
+        return local
+
+    # -- features ---------------------------------------------------------------------------
+    def leaves(self, program: Program, log_f: torch.Tensor, cats: torch.Tensor) -> dict:
+        """Leaf values from the formulas; a leaf without one is NaN (it poisons, never lies)."""
+        out = {}
+        local = self._case_formulas.get(program.signature(), {})
+        for key in program.values:
+            formula = local.get(key) or self.formulas.get(key)
+            if formula is None:
+                out[key] = torch.full(log_f.shape[:1], math.nan, dtype=torch.float64)
+            else:
+                out[key] = formula.evaluate(log_f, cats)
+        return out
+
+    def missing(self, program: Program) -> list[str]:
+        local = self._case_formulas.get(program.signature(), {})
+        return [k for k in program.values if k not in self.formulas and k not in local]
+
+    def features_at(self, decisions: dict[int, Any], mode: str = "exact") -> torch.Tensor | None:
+        """(stores, 164) at integer decisions, from the formulas; None if TVM rejects them."""
+        probe = self.replay(decisions)
+        if probe is None:
+            return None
+        self.fit_case(probe)
+        log_f, cats = self.columns(probe.decisions)
+        log_t = torch.as_tensor(log_f, dtype=torch.float64)[None]
+        cat_t = torch.as_tensor(cats, dtype=torch.float64)[None]
+        return evaluate(probe.program, self.leaves(probe.program, log_t, cat_t), mode)[0]
+
+    def features(self, x: torch.Tensor, mode: str = "smooth") -> list[torch.Tensor | None]:
+        """Per point of ``x`` (batch, dim): (stores, 164) features, differentiable in ``x``;
+        None where the rounded point is invalid. Points sharing a case are evaluated together."""
+        log_f, cats = self.continuous_columns(x)
+        groups: dict[int, tuple[Probe, list[int]]] = {}
+        out: list[torch.Tensor | None] = [None] * x.shape[0]
+        for i in range(x.shape[0]):
+            probe = self.replay(self.variables.round(x[i].detach().numpy()))
+            if probe is not None:
+                self.fit_case(probe)
+                groups.setdefault(id(probe.program), (probe, []))[1].append(i)
+        for probe, idx in groups.values():
+            sel = torch.tensor(idx)
+            leaves = self.leaves(probe.program, log_f[sel], cats[sel])
+            values = evaluate(probe.program, leaves, mode)
+            for j, i in enumerate(idx):
+                out[i] = values[j]
+        return out
+
+    def penalties(self, x: torch.Tensor) -> torch.Tensor:
+        """Σ relu(g(x))² over the constraints g ≤ 0 of the region where points round validly:
+        exponents ≥ 0, each prime's exponents within the extent's, innermost factor within
+        ``max_innermost_factor``, categoricals within their candidates (batch,)."""
+        total = torch.zeros(x.shape[0], dtype=x.dtype)
+        offset = 0
+        for var in self.variables.variables:
+            part = x[:, offset : offset + var.size]
+            offset += var.size
+            if isinstance(var, TileVar) and var.primes:
+                exps = part.reshape(-1, var.n - 1, len(var.primes))
+                total = total + torch.relu(-exps).pow(2).sum((1, 2))
+                budget = torch.tensor(var.totals, dtype=x.dtype)
+                total = total + torch.relu(exps.sum(1) - budget).pow(2).sum(1)
+                if var.max_innermost > 0:
+                    log_primes = torch.tensor([math.log2(p) for p in var.primes], dtype=x.dtype)
+                    inner = exps[:, -1] @ log_primes
+                    total = total + torch.relu(inner - math.log2(var.max_innermost)).pow(2)
+            elif isinstance(var, CategoricalVar):
+                lo = math.log2(1 + min(var.candidates))
+                hi = math.log2(1 + max(var.candidates))
+                total = total + torch.relu(lo - part[:, 0]).pow(2)
+                total = total + torch.relu(part[:, 0] - hi).pow(2)
+        return total

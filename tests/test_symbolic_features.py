@@ -1,0 +1,174 @@
+"""Feature formulas: the port reproduces TVM's PerStoreFeature, the fitted formulas reproduce
+it on held-out decisions, and the smooth mode is differentiable."""
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gradtune.symbolic.formulas import fit_leaf
+from tests.conftest import run_cli
+
+OPS = Path(__file__).parent / "ops"
+
+
+def test_fit_leaf_finds_each_closed_form_and_refuses_the_rest():
+    rng = np.random.default_rng(0)
+    factors = rng.choice([1, 2, 3, 4, 8], size=(12, 3)).astype(float)
+    log_f, cats = np.log(factors), rng.choice([0, 16, 64], size=(12, 1)).astype(float)
+    mono = 96 / (factors[:, 0] * factors[:, 2])
+    fitted = fit_leaf(log_f, cats, mono)
+    assert fitted.kind == "mono" and list(fitted.exps) == [-1, 0, -1]
+    halo = 2 * factors[:, 1] + 1  # (tile − 1) · stride + kernel, stride 2, kernel 3
+    assert fit_leaf(log_f, cats, halo).kind == "affine"
+    assert fit_leaf(log_f, cats, np.full(12, 7.0)).kind == "const"
+    assert fit_leaf(log_f, cats, cats[:, 0]).kind == "cat"
+    assert fit_leaf(log_f, cats, factors[:, 0] + factors[:, 1]) is None
+    values = torch.as_tensor(log_f)
+    assert torch.allclose(fitted.evaluate(values, torch.as_tensor(cats)), torch.as_tensor(mono))
+
+
+@pytest.fixture(scope="module")
+def matmul_task():
+    import tvm
+    from tvm import te
+
+    from gradtune.symbolic.verify import design_space
+
+    a = te.placeholder((64, 96), name="A")
+    b = te.placeholder((96, 128), name="B")
+    k = te.reduce_axis((0, 96), name="k")
+    c = te.compute((64, 128), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    d = te.compute((64, 128), lambda i, j: te.max(c[i, j], 0.0), name="D")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, d])})
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    return (mod, target, *design_space(mod, target))
+
+
+def test_port_reproduces_per_store_feature_exactly(matmul_task):
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.symbolic.features import evaluate
+    from gradtune.symbolic.program import extract_program
+    from gradtune.symbolic.variables import SketchVariables
+
+    mod, _, ctx, sketches, postprocs = matmul_task
+    extractor = ms.feature_extractor.PerStoreFeature()
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    rng = np.random.default_rng(0)
+    checked = 0
+    for sketch in sketches:
+        variables = SketchVariables.from_trace(sketch.trace)
+        for _ in range(4):
+            sch, _ = variables.decode(mod, variables.random_point(rng), postprocs)
+            if sch is None:
+                continue
+            ref = extractor.extract_from(ctx, [ms.MeasureCandidate(sch, args)])[0].numpy()
+            program = extract_program(sch.mod)
+            leaves = {k: torch.tensor([float(v)]) for k, v in program.values.items()}
+            got = evaluate(program, leaves)[0].numpy()
+            assert got.shape == ref.shape
+            np.testing.assert_allclose(got, ref, atol=1e-9)
+            checked += 1
+    assert checked >= 8
+
+
+def test_formulas_match_tvm_on_held_out_decisions(matmul_task):
+    from gradtune.symbolic.verify import summary, verify_module
+
+    mod, target, *_ = matmul_task
+    reports = verify_module(mod, target, samples=4, seed=3)
+    result = summary(reports, 4)
+    assert result["sketches"] == 3 and result["features"] == 164
+    assert result["exact_fraction"] > 0.97, result
+    assert all(r.samples == 4 for r in reports)
+
+
+def test_smooth_features_have_finite_nonzero_gradients(matmul_task):
+    from gradtune.symbolic.sketch import SymbolicSketch
+
+    mod, _, _, sketches, postprocs = matmul_task
+    rng = np.random.default_rng(5)
+    sym = SymbolicSketch.build(mod, sketches[0].trace, postprocs, rng=rng)
+    points = np.stack([sym.variables.random_point(rng) for _ in range(4)])
+    x = torch.tensor(points, requires_grad=True)
+    feats = sym.features(x, "smooth")
+    assert any(f is not None for f in feats)
+    total = sum(f.sum() for f in feats if f is not None) + sym.penalties(x).sum()
+    total.backward()
+    assert torch.isfinite(x.grad).all()
+    for i, f in enumerate(feats):
+        if f is not None:
+            assert x.grad[i].abs().sum() > 0
+    # Outside the region the penalty pushes back.
+    outside = torch.full((1, sym.variables.dim), -2.0, dtype=torch.float64, requires_grad=True)
+    sym.penalties(outside).sum().backward()
+    assert (outside.grad < 0).any()
+
+
+def test_smooth_mode_is_close_to_exact_at_integer_points(matmul_task):
+    from gradtune.symbolic.sketch import SymbolicSketch
+
+    mod, _, _, sketches, postprocs = matmul_task
+    rng = np.random.default_rng(7)
+    sym = SymbolicSketch.build(mod, sketches[1].trace, postprocs, rng=rng)
+    compared = 0
+    for _ in range(6):
+        decisions = sym.random_decisions(rng)
+        exact = sym.features_at(decisions, "exact")
+        if exact is None or torch.isnan(exact).any():
+            continue
+        x = torch.as_tensor(sym.variables.encode(decisions))[None]
+        smooth = sym.features(x, "smooth")[0]
+        # Smoothing rounds the clamps' corners by 5% of the operands: < 0.1 in log2 space.
+        assert (smooth - exact).abs().max() < 0.1
+        compared += 1
+    assert compared >= 3
+
+
+@pytest.mark.parametrize("name", ["dense_bias_relu", "softmax"])
+def test_verify_cli_on_operator_files(name):
+    result = run_cli("symbolic", "verify", str(OPS / f"{name}.tvmscript"), "--samples", "3")
+    assert result.returncode == 0, result.stderr[-2000:]
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert last["sketches"] == last["verified_sketches"] >= 1
+    assert last["features"] == 164 and last["samples"] == 3
+    assert last["max_abs_err"] < 1e-4 and last["unsupported"] == []
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ("this is not TVMScript at all (", "not TVMScript"),
+        (
+            "@I.ir_module\nclass Module:\n    @R.function\n"
+            "    def main(x: R.Tensor((2,), dtype='float32')):\n        return x\n",
+            "no PrimFunc",
+        ),
+    ],
+)
+def test_verify_rejects_bad_files(tmp_path, content, message):
+    path = tmp_path / "task.py"
+    path.write_text(content)
+    result = run_cli("symbolic", "verify", str(path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("gradtune: error:") and message in lines[0]
+
+
+def test_verify_rejects_dynamic_shapes_and_unknown_targets(tmp_path):
+    import tvm
+    from tvm import te
+
+    n = te.var("n", "int64")
+    a = te.placeholder((n,), name="A")
+    b = te.compute((n,), lambda i: a[i] + 1.0, name="B")
+    dynamic = tmp_path / "dynamic.py"
+    dynamic.write_text(tvm.IRModule({"main": te.create_prim_func([a, b])}).script())
+    result = run_cli("symbolic", "verify", str(dynamic))
+    assert result.returncode == 2 and "dynamic shapes" in result.stderr, result.stderr
+    result = run_cli("symbolic", "verify", str(OPS / "softmax.tvmscript"), "--target", "vulkan")
+    assert result.returncode == 2 and "vulkan" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

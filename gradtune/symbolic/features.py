@@ -98,10 +98,16 @@ def evaluate(
     one = zero + 1.0
 
     def leaf(key: str) -> torch.Tensor:
-        return leaves[key].to(torch.float64)
+        return leaves[key]
+
+    # The same touched regions recur across slots and reuse distances: build each product once
+    # (every op here becomes an autograd node, and backward time follows their count).
+    cache: dict[tuple[str, ...], torch.Tensor] = {}
 
     def elems(dims: tuple[str, ...]) -> torch.Tensor:
-        return _prod([leaf(k) for k in dims], one).clamp(min=0)
+        if dims not in cache:
+            cache[dims] = _prod([leaf(k) for k in dims], one).clamp(min=0)
+        return cache[dims]
 
     rows = []
     for store in program.stores:
@@ -112,7 +118,7 @@ def evaluate(
 
         # Group 1: op counts × loop product; for-kind features; GPU thread lengths.
         for count in store.arith:
-            feats.append(slog(prod * count))
+            feats.append(slog(prod * count) if count else zero)
         for kind in ("vectorized", "unrolled", "parallel"):
             idx = [i for i, lp in enumerate(store.loops) if lp.kind == kind]
             if not idx:
@@ -260,21 +266,16 @@ def _intensity_curve(
     compute_t = torch.stack(compute, 0)  # (levels, batch), innermost first
     memory_t = torch.stack(memory, 0)
     total = compute_t[-1]
-    samples = []
-    for i in range(CURVE_SAMPLES):
-        cur = (i + 1) / CURVE_SAMPLES * total
-        # The first level whose compute reaches the sample: a segment choice, no gradient.
-        reached = compute_t.detach() >= (cur.detach() - 1e-4)
-        p = torch.argmax(reached.to(torch.int64), 0)
-        p_prev = (p - 1).clamp(min=0)
-        c_p = compute_t.gather(0, p[None])[0]
-        m_p = memory_t.gather(0, p[None])[0]
-        c_q = compute_t.gather(0, p_prev[None])[0]
-        m_q = memory_t.gather(0, p_prev[None])[0]
-        at_first = c_p / m_p
-        base = c_q / m_q
-        denom = torch.where(p == 0, torch.ones_like(c_p), c_p - c_q)
-        slope = (c_p / m_p - base) / denom
-        value = torch.where(p == 0, at_first, base + slope * (cur - c_q))
-        samples.append(slog(value))
-    return torch.stack(samples, -1)
+    fractions = torch.arange(1, CURVE_SAMPLES + 1, dtype=torch.float64) / CURVE_SAMPLES
+    cur = fractions[:, None] * total[None]  # (samples, batch)
+    # The first level whose compute reaches each sample: a segment choice, no gradient.
+    reached = compute_t.detach()[None] >= (cur.detach()[:, None] - 1e-4)  # (samples, levels, b)
+    p = torch.argmax(reached.to(torch.int64), 1)  # (samples, batch)
+    q = (p - 1).clamp(min=0)
+    c_p, m_p = compute_t.gather(0, p), memory_t.gather(0, p)
+    c_q, m_q = compute_t.gather(0, q), memory_t.gather(0, q)
+    base = c_q / m_q
+    denom = torch.where(p == 0, torch.ones_like(c_p), c_p - c_q)
+    slope = (c_p / m_p - base) / denom
+    value = torch.where(p == 0, c_p / m_p, base + slope * (cur - c_q))
+    return slog(value).T

@@ -120,9 +120,15 @@ class Program:
     stores: list[Store]
     is_gpu: bool
     values: dict[str, int]
+    _signature: str | None = field(default=None, repr=False, compare=False)
 
     def signature(self) -> str:
         """Structure only (no leaf values): two points with equal signatures share a case."""
+        if self._signature is None:
+            self._signature = self._make_signature()
+        return self._signature
+
+    def _make_signature(self) -> str:
         parts = []
         for s in self.stores:
             loops = ",".join(

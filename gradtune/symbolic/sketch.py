@@ -29,6 +29,16 @@ def _decision_key(decisions: dict[int, Any]) -> tuple:
     return tuple((i, tuple(v) if isinstance(v, list) else v) for i, v in sorted(decisions.items()))
 
 
+def _overdetermined(formula: LeafFormula, log_f: np.ndarray, rows: int, margin: int = 2) -> bool:
+    """Whether ``rows`` probes pin ``formula`` down: more probes than it has free parameters
+    (exponents over the columns that vary, plus coefficient and offset) by ``margin``."""
+    if formula.kind in ("const", "cat"):
+        return rows >= 1 + margin
+    design = np.hstack([log_f, np.ones((log_f.shape[0], 1))])
+    rank = int(np.linalg.matrix_rank(design)) + (formula.kind == "affine")
+    return rows >= rank + margin
+
+
 @dataclass
 class Probe:
     decisions: dict[int, Any]
@@ -49,6 +59,7 @@ class SymbolicSketch:
     _cases: dict[tuple, Probe | None] = field(default_factory=dict)
     # Per case signature: leaf formulas fitted on same-case neighbours (piecewise leaves).
     _case_formulas: dict[str, dict[str, LeafFormula]] = field(default_factory=dict)
+    _banks: dict[tuple, dict[str, Any]] = field(default_factory=dict)
 
     # -- the decision columns ---------------------------------------------------------------
     @property
@@ -130,6 +141,10 @@ class SymbolicSketch:
             cats = np.stack([r[1] for r in rows])
             values = np.asarray([r[2] for r in rows], dtype=float)
             formula = fit_leaf(log_f, cats, values)
+            if formula is not None and not _overdetermined(formula, log_f, len(rows)):
+                # Too few probes to tell a closed form from a coincidence: leave the leaf to
+                # the per-case fit.
+                continue
             if formula is None:
                 self.unsupported[key] = f"no closed form fits its {len(rows)} probes"
                 self.formulas.pop(key, None)
@@ -175,13 +190,24 @@ class SymbolicSketch:
         rng = rng or np.random.default_rng(len(self._case_formulas))
         wanted = self.n_factors + 2
         same: list[Probe] = []
-        for decisions in self.neighbours(probe.decisions, rng)[: 4 * wanted]:
-            other = self.replay(decisions)
-            if other is not None and other.program.signature() == signature:
-                if _decision_key(other.decisions) != _decision_key(probe.decisions):
-                    same.append(other)
-            if len(same) >= wanted:
-                break
+        seen = {_decision_key(probe.decisions)}
+        frontier, budget = [probe.decisions], 4 * wanted
+        # Breadth-first over one-prime moves: a case that is narrow around the point (few
+        # non-unit factors) is reached two moves away.
+        while frontier and budget > 0 and len(same) < wanted:
+            nxt = []
+            for start in frontier:
+                for decisions in self.neighbours(start, rng):
+                    key = _decision_key(decisions)
+                    if key in seen or budget <= 0 or len(same) >= wanted:
+                        continue
+                    seen.add(key)
+                    budget -= 1
+                    other = self.replay(decisions)
+                    if other is not None and other.program.signature() == signature:
+                        same.append(other)
+                        nxt.append(other.decisions)
+            frontier = nxt
         local: dict[str, LeafFormula] = {}
         if same:
             cols = [self.columns(o.decisions) for o in same]
@@ -196,7 +222,7 @@ class SymbolicSketch:
                     if np.allclose(got, values, rtol=1e-9, atol=1e-9):
                         continue
                 refit = fit_leaf(log_f, cats, values)
-                if refit is not None:
+                if refit is not None and _overdetermined(refit, log_f, len(same), margin=1):
                     local[key] = refit
             if local:
                 self.local_fits += 1
@@ -204,17 +230,65 @@ class SymbolicSketch:
         return local
 
     # -- features ---------------------------------------------------------------------------
-    def leaves(self, program: Program, log_f: torch.Tensor, cats: torch.Tensor) -> dict:
-        """Leaf values from the formulas; a leaf without one is NaN (it poisons, never lies)."""
-        out = {}
+    def leaves(
+        self,
+        program: Program,
+        log_f: torch.Tensor,
+        cats: torch.Tensor,
+        point_values: bool = False,
+    ) -> dict[str, torch.Tensor]:
+        """Leaf values from the formulas, all evaluated in one batched op per kind. A leaf with
+        no formula is NaN (it poisons, never lies), or with ``point_values`` its value at the
+        rounded point (exact there, no gradient) — what the search may use, never verify."""
+        bank = self._bank(program, point_values)
+        batch = log_f.shape[0]
+        values = bank["const"].expand(batch, -1).clone()
+        if bank["mono_idx"].numel():
+            mono = torch.exp(bank["log_coef"] + log_f @ bank["exps"].T) + bank["offset"]
+            values[:, bank["mono_idx"]] = mono
+        if bank["cat_idx"].numel():
+            values[:, bank["cat_idx"]] = cats[:, bank["cat_col"]].to(torch.float64)
+        # unbind, not values[:, i]: its backward is one stack, not one (batch, K) scatter per leaf.
+        return dict(zip(bank["keys"], values.unbind(1), strict=True))
+
+    def _bank(self, program: Program, point_values: bool) -> dict[str, Any]:
+        """The formulas of a case as arrays (cached): evaluating hundreds of leaves one by one
+        costs more than the features built from them."""
+        cache_key = (program.signature(), point_values, id(program) if point_values else 0)
+        if cache_key in self._banks:
+            return self._banks[cache_key]
         local = self._case_formulas.get(program.signature(), {})
-        for key in program.values:
+        keys = list(program.values)
+        const = np.full(len(keys), np.nan)
+        mono_idx, exps, log_coef, offset, cat_idx, cat_col = [], [], [], [], [], []
+        for i, key in enumerate(keys):
             formula = local.get(key) or self.formulas.get(key)
             if formula is None:
-                out[key] = torch.full(log_f.shape[:1], math.nan, dtype=torch.float64)
+                if point_values:
+                    const[i] = program.values[key]
+            elif formula.kind == "const":
+                const[i] = formula.value
+            elif formula.kind == "cat":
+                cat_idx.append(i)
+                cat_col.append(formula.cat)
             else:
-                out[key] = formula.evaluate(log_f, cats)
-        return out
+                mono_idx.append(i)
+                exps.append(formula.exps)
+                log_coef.append(formula.log_coef)
+                offset.append(formula.value if formula.kind == "affine" else 0.0)
+        width = self.n_factors
+        bank = {
+            "keys": keys,
+            "const": torch.as_tensor(const, dtype=torch.float64)[None],
+            "mono_idx": torch.as_tensor(mono_idx, dtype=torch.long),
+            "exps": torch.as_tensor(np.asarray(exps, dtype=float).reshape(len(exps), width)),
+            "log_coef": torch.as_tensor(log_coef, dtype=torch.float64),
+            "offset": torch.as_tensor(offset, dtype=torch.float64),
+            "cat_idx": torch.as_tensor(cat_idx, dtype=torch.long),
+            "cat_col": torch.as_tensor(cat_col, dtype=torch.long),
+        }
+        self._banks[cache_key] = bank
+        return bank
 
     def missing(self, program: Program) -> list[str]:
         local = self._case_formulas.get(program.signature(), {})
@@ -231,20 +305,27 @@ class SymbolicSketch:
         cat_t = torch.as_tensor(cats, dtype=torch.float64)[None]
         return evaluate(probe.program, self.leaves(probe.program, log_t, cat_t), mode)[0]
 
-    def features(self, x: torch.Tensor, mode: str = "smooth") -> list[torch.Tensor | None]:
+    def features(
+        self, x: torch.Tensor, mode: str = "smooth", refit: bool = True
+    ) -> list[torch.Tensor | None]:
         """Per point of ``x`` (batch, dim): (stores, 164) features, differentiable in ``x``;
-        None where the rounded point is invalid. Points sharing a case are evaluated together."""
+        None where the rounded point is invalid. Points sharing a case are evaluated together.
+
+        ``refit=False`` is the search's fast path: a new case costs one TVM replay instead of
+        its neighbourhood; sketch-wide formulas are trusted and leaves without one take their
+        value at the rounded point (exact there, constant around it)."""
         log_f, cats = self.continuous_columns(x)
         groups: dict[int, tuple[Probe, list[int]]] = {}
         out: list[torch.Tensor | None] = [None] * x.shape[0]
         for i in range(x.shape[0]):
             probe = self.replay(self.variables.round(x[i].detach().numpy()))
             if probe is not None:
-                self.fit_case(probe)
+                if refit:
+                    self.fit_case(probe)
                 groups.setdefault(id(probe.program), (probe, []))[1].append(i)
         for probe, idx in groups.values():
             sel = torch.tensor(idx)
-            leaves = self.leaves(probe.program, log_f[sel], cats[sel])
+            leaves = self.leaves(probe.program, log_f[sel], cats[sel], point_values=not refit)
             values = evaluate(probe.program, leaves, mode)
             for j, i in enumerate(idx):
                 out[i] = values[j]

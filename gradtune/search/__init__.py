@@ -1,14 +1,24 @@
 """Search strategies a job can name with ``--search``.
 
-MetaSchedule's own strategies plug in by name; gradtune's gradient search (Felix) will be added
-here as a ``PySearchStrategy``.
+``gradient`` is gradtune's Felix search (``gradient_search.GradientSearch``, a MetaSchedule
+``PySearchStrategy``); the others are MetaSchedule's own, passed by name.
 """
 
-SEARCH_STRATEGIES = ("evolutionary", "replay-trace", "replay-func")
+from __future__ import annotations
+
+from typing import Any
+
+SEARCH_STRATEGIES = ("gradient", "evolutionary", "replay-trace", "replay-func")
 
 
-def make_strategy(name: str):
+def make_strategy(name: str, target_kind: str = "llvm", **kwargs: Any):
     """The object (or MetaSchedule name) ``TuneContext(search_strategy=...)`` takes."""
     if name not in SEARCH_STRATEGIES:
         raise ValueError(f"unknown search strategy {name!r}")
+    if name == "gradient":
+        from gradtune.costmodel.online import OnlineCostModel
+        from gradtune.search.gradient_search import GradientSearch
+
+        cost_model = kwargs.pop("cost_model", None) or OnlineCostModel.default(target_kind)
+        return GradientSearch(cost_model=cost_model, **kwargs)
     return name

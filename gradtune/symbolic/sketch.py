@@ -294,16 +294,21 @@ class SymbolicSketch:
         local = self._case_formulas.get(program.signature(), {})
         return [k for k in program.values if k not in self.formulas and k not in local]
 
-    def features_at(self, decisions: dict[int, Any], mode: str = "exact") -> torch.Tensor | None:
-        """(stores, 164) at integer decisions, from the formulas; None if TVM rejects them."""
+    def features_at(
+        self, decisions: dict[int, Any], mode: str = "exact", refit: bool = True
+    ) -> torch.Tensor | None:
+        """(stores, 164) at integer decisions, from the formulas; None if TVM rejects them.
+        ``refit=False``: the search's fast path (see ``features``)."""
         probe = self.replay(decisions)
         if probe is None:
             return None
-        self.fit_case(probe)
+        if refit:
+            self.fit_case(probe)
         log_f, cats = self.columns(probe.decisions)
         log_t = torch.as_tensor(log_f, dtype=torch.float64)[None]
         cat_t = torch.as_tensor(cats, dtype=torch.float64)[None]
-        return evaluate(probe.program, self.leaves(probe.program, log_t, cat_t), mode)[0]
+        leaves = self.leaves(probe.program, log_t, cat_t, point_values=not refit)
+        return evaluate(probe.program, leaves, mode)[0]
 
     def features(
         self, x: torch.Tensor, mode: str = "smooth", refit: bool = True

@@ -1,0 +1,3 @@
+"""gradtune's cost model (Felix/TenSet MLP over the symbolic features): the model, its
+training and ranking metrics, featurization of tuning records, and the online copy a tuning
+session fine-tunes."""

@@ -1,0 +1,139 @@
+"""Tuning records → training groups for the cost models.
+
+A record's trace is replayed on its workload (decisions kept, postprocessors re-run, as
+MetaSchedule does before measuring) and featurized twice: gradtune's *symbolic* features in
+their smooth form at the record's integer decisions (the function the gradient search
+differentiates), and TVM's ``PerStoreFeature`` for the peers. A record that no longer applies
+is skipped and counted, never fatal.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from gradtune.symbolic.features import evaluate
+from gradtune.symbolic.program import extract_program
+
+
+@dataclass
+class Skipped:
+    count: int = 0
+    first_reason: str = ""
+
+    def add(self, reason: str) -> None:
+        self.count += 1
+        self.first_reason = self.first_reason or reason
+
+
+@dataclass
+class WorkloadData:
+    """The replayed, measured candidates of one workload."""
+
+    key: str
+    mod: Any
+    family: str
+    context: Any  # TuneContext (target, postprocs), shared with the peers
+    schedules: list[Any] = field(default_factory=list)
+    latencies: list[float] = field(default_factory=list)
+    symbolic: list[torch.Tensor] = field(default_factory=list)
+
+
+def family_of(mod: Any) -> str:
+    """Operator family from the workload's block names (counters and suffixes stripped)."""
+    names = []
+
+    def visit(stmt: Any) -> None:
+        kind = type(stmt).__name__
+        if kind == "SBlockRealize":
+            visit(stmt.block)
+        elif kind == "SBlock":
+            if stmt.name_hint != "root":
+                names.append(re.sub(r"(_\d+)+$|\d+$", "", stmt.name_hint))
+            visit(stmt.body)
+        elif kind == "SeqStmt":
+            for s in stmt.seq:
+                visit(s)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body)
+
+    for _, func in mod.functions.items():
+        visit(func.body)
+    core = [n for n in names if not re.match(r"^(T_)?(pad|PadInput|pad_temp|compile_engine)", n)]
+    return "+".join(dict.fromkeys(core or names)) or "unknown"
+
+
+def replay(mod: Any, trace: Any, postprocs: list[Any]) -> Any | None:
+    """The record's schedule (decisions as recorded, postprocessors applied), or None."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(mod)
+    trace.apply_to_schedule(sch, remove_postproc=True)
+    for postproc in postprocs:
+        if not postproc.apply(sch):
+            return None
+    return sch
+
+
+def symbolic_features(sch: Any, is_gpu: bool = False) -> torch.Tensor:
+    """Smooth symbolic features at the schedule's own integer decisions: (stores, 164)."""
+    program = extract_program(sch.mod, is_gpu)
+    leaves = {k: torch.tensor([float(v)], dtype=torch.float64) for k, v in program.values.items()}
+    return evaluate(program, leaves, "smooth")[0].to(torch.float32)
+
+
+def make_context(mod: Any, target: Any) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.tvm_compat import register_tensor_intrinsics
+
+    register_tensor_intrinsics(target.kind.name)
+    return ms.TuneContext(
+        mod=mod, target=target, space_generator="post-order-apply", task_name="workload"
+    )
+
+
+def from_records(
+    records: Iterable[Any],
+    target: Any,
+    skipped: Skipped | None = None,
+    families: dict[str, str] | None = None,
+    progress=None,
+) -> list[WorkloadData]:
+    """Group ``ms.database.TuningRecord``s by workload and featurize them."""
+    import tvm_ffi
+
+    skipped = skipped if skipped is not None else Skipped()
+    is_gpu = "gpu" in [str(k) for k in target.keys]
+    by_key: dict[str, WorkloadData] = {}
+    for record in records:
+        if progress is not None:
+            progress()
+        run_secs = [float(s) for s in (record.run_secs or [])]
+        if not run_secs or not all(np.isfinite(run_secs)) or min(run_secs) >= 1e9:
+            skipped.add("a record without a valid measurement")
+            continue
+        mod = record.workload.mod
+        key = str(tvm_ffi.structural_hash(mod))
+        if key not in by_key:
+            context = make_context(mod, target)
+            family = (families or {}).get(key) or family_of(mod)
+            by_key[key] = WorkloadData(key, mod, family, context)
+        data = by_key[key]
+        try:
+            sch = replay(mod, record.trace, list(data.context.space_generator.postprocs))
+        except Exception as err:  # TVM raises several types when a trace does not apply
+            skipped.add(f"a trace that no longer applies ({str(err).strip().splitlines()[0]})")
+            continue
+        if sch is None:
+            skipped.add("a trace its postprocessors reject")
+            continue
+        data.schedules.append(sch)
+        data.latencies.append(float(np.median(run_secs)))
+        data.symbolic.append(symbolic_features(sch, is_gpu))
+    return [d for d in by_key.values() if len(d.latencies) >= 2]

@@ -1,0 +1,265 @@
+"""Felix's gradient search (Algorithm 1) as a MetaSchedule ``PySearchStrategy``.
+
+Per round of the task it tunes: seeds are drawn inside each sketch's constraint region; Adam
+descends O(x) = −score(features(x)) + λ · penalties(x) for a few dozen steps (the features are
+the symbolic schedule's smooth formulas, the score the Felix MLP); every iterate is rounded to
+valid decisions, duplicates and already-measured ones dropped, the rest re-scored at their
+integer points, and the best ``num_trials_per_iter`` (minus a small random exploration share)
+go to MetaSchedule's builder and runner. Measured results fine-tune the cost model online.
+Across tasks MetaSchedule's gradient task scheduler picks which task gets the next round
+(Felix Algorithm 2), and results land in the JSONDatabase like any other strategy's.
+
+A task none of whose sketches the symbolic layer can model is searched by MetaSchedule's
+EvolutionarySearch instead (logged and counted in ``SearchStats``), never aborting the run.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+from gradtune.costmodel.online import OnlineCostModel
+from gradtune.symbolic.sketch import SymbolicSketch, _decision_key
+
+log = logging.getLogger("gradtune.search")
+
+
+@dataclass
+class GradientConfig:
+    """Felix used nSeeds 8, nSteps 200, nMeasure 16 on GPUs. Here a step costs ~10–20 ms per
+    seed (every new case is a TVM replay), so fewer, larger Adam steps buy the same descent:
+    the lr 0.5 with a ×0.2 decay at 30% of the steps is Felix's."""
+
+    seeds: int = 8
+    steps: int = 24
+    lr: float = 0.5
+    decay_at: float = 0.3
+    penalty_weight: float = 10.0
+    explore: float = 0.125  # share of each batch measured at random, as a guard on the model
+
+
+@dataclass
+class RoundLog:
+    task: str
+    measured: int
+    predicted_best: float
+    measured_best_us: float
+    search_s: float
+    descent_s: float
+    finetune_loss: float
+    dropped_seeds: int
+
+
+@dataclass
+class SearchStats:
+    """Shared by every task's strategy in a run, for reports and MLflow."""
+
+    rounds: list[RoundLog] = field(default_factory=list)
+    fallback_tasks: list[str] = field(default_factory=list)
+    nan_seeds: int = 0
+
+
+@derived_object
+class GradientSearch(ms.search_strategy.PySearchStrategy):
+    def __init__(
+        self,
+        cost_model: OnlineCostModel | None = None,
+        config: GradientConfig | None = None,
+        stats: SearchStats | None = None,
+    ) -> None:
+        self.cost_model = cost_model or OnlineCostModel.default()
+        self.config = config or GradientConfig()
+        self.stats = stats if stats is not None else SearchStats()
+        self.context: Any = None
+        self.sketches: list[SymbolicSketch] = []
+        self.fallback: Any = None
+        self.measured: set = set()
+        self.remaining = 0
+        self.per_iter = 0
+        self.rng = np.random.default_rng(0)
+        self._pending: list[tuple[SymbolicSketch, dict]] = []
+        self._last_search_s = 0.0
+        self._last_descent_s = 0.0
+        self._last_predicted = 0.0
+
+    # -- MetaSchedule interface ---------------------------------------------------------------
+    def _initialize_with_tune_context(self, context: Any) -> None:
+        self.context = context
+        self.rng = np.random.default_rng(int(context.rand_state) & 0xFFFFFFFF)
+
+    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None,
+                   cost_model=None) -> None:  # fmt: skip
+        self.remaining = int(max_trials)
+        self.per_iter = int(num_trials_per_iter)
+        mod = self.context.mod
+        postprocs = list(self.context.space_generator.postprocs)
+        is_gpu = "gpu" in [str(k) for k in self.context.target.keys]
+        self.sketches = []
+        for space in design_spaces:
+            try:
+                sym = SymbolicSketch.build(mod, space.trace, postprocs, is_gpu, rng=self.rng)
+            except Exception as err:  # a sketch the symbolic layer cannot model
+                log.warning("%s: sketch not modelled (%s)", self.context.task_name, err)
+                continue
+            if sym.variables.dim > 0 and sym.replay(sym.variables.sketch_decisions()):
+                self.sketches.append(sym)
+        if database is not None:
+            self._load_measured(database)
+        if not self.sketches:
+            self.stats.fallback_tasks.append(str(self.context.task_name))
+            log.warning("%s: no sketch can be modelled; evolutionary search instead",
+                        self.context.task_name)  # fmt: skip
+            self.fallback = ms.search_strategy.EvolutionarySearch()
+            self.fallback._initialize_with_tune_context(self.context)
+            self.fallback.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database,
+                                     cost_model)  # fmt: skip
+
+    def post_tuning(self) -> None:
+        if self.fallback is not None:
+            self.fallback.post_tuning()
+
+    def generate_measure_candidates(self) -> list[Any] | None:
+        if self.fallback is not None:
+            return self.fallback.generate_measure_candidates()
+        if self.remaining <= 0:
+            return None
+        start = time.perf_counter()
+        picks = self._search(min(self.per_iter, self.remaining))
+        self._last_search_s = time.perf_counter() - start
+        if not picks:
+            return None
+        args_info = ms.arg_info.ArgInfo.from_prim_func(self.context.mod["main"])
+        self._pending = picks
+        return [ms.MeasureCandidate(sym.replay(d).schedule, args_info) for sym, d in picks]
+
+    def notify_runner_results(self, measure_candidates, results) -> None:
+        if self.fallback is not None:
+            self.fallback.notify_runner_results(measure_candidates, results)
+            return
+        self.remaining -= len(measure_candidates)
+        programs, latencies = [], []
+        for (sym, decisions), result in zip(self._pending, results, strict=False):
+            self.measured.add(_decision_key(decisions))
+            secs = [float(s) for s in (result.run_secs or [])]
+            if result.error_msg is None and secs:
+                feats = sym.features_at(decisions, "smooth", refit=False)
+                if feats is not None and torch.isfinite(feats).all():
+                    programs.append(feats.detach().to(torch.float32))
+                    latencies.append(float(np.median(secs)))
+        loss = self.cost_model.observe(str(self.context.task_name), programs, latencies)
+        self.stats.rounds.append(
+            RoundLog(
+                task=str(self.context.task_name),
+                measured=len(measure_candidates),
+                predicted_best=self._last_predicted,
+                measured_best_us=1e6 * min(latencies, default=math.inf),
+                search_s=self._last_search_s,
+                descent_s=self._last_descent_s,
+                finetune_loss=loss,
+                dropped_seeds=self.stats.nan_seeds,
+            )
+        )
+
+    def clone(self) -> GradientSearch:
+        return GradientSearch(self.cost_model, self.config, self.stats)
+
+    # -- Algorithm 1 ---------------------------------------------------------------------------
+    def _load_measured(self, database: Any) -> None:
+        """Decisions already in the database for this workload: never measured twice (resume)."""
+        if not database.has_workload(self.context.mod):
+            return
+        workload = database.commit_workload(self.context.mod)
+        for record in database.get_top_k(workload, 100000):
+            for sym in self.sketches:
+                decisions = _decisions_of(sym, record.trace)
+                if decisions is not None:
+                    self.measured.add(_decision_key(decisions))
+                    break
+
+    def _search(self, count: int) -> list[tuple[SymbolicSketch, dict]]:
+        cfg = self.config
+        model = self.cost_model.model
+        start = time.perf_counter()
+        candidates: dict[tuple, tuple[SymbolicSketch, dict]] = {}
+        seeds_per_sketch = max(1, math.ceil(cfg.seeds / len(self.sketches)))
+        for sym in self.sketches:
+            seeds = range(seeds_per_sketch)
+            points = np.stack([sym.variables.random_point(self.rng) for _ in seeds])
+            x = torch.tensor(points, requires_grad=True)
+            optim = torch.optim.Adam([x], lr=cfg.lr)
+            alive = torch.ones(len(points), dtype=torch.bool)
+            for step in range(cfg.steps):
+                if step == int(cfg.decay_at * cfg.steps):
+                    for group in optim.param_groups:
+                        group["lr"] = cfg.lr * 0.2
+                for row in x.detach().numpy()[alive.numpy()]:
+                    decisions = sym.variables.round(row)
+                    candidates.setdefault(_decision_key(decisions), (sym, decisions))
+                feats = sym.features(x, "smooth", refit=False)
+                valid = [i for i, f in enumerate(feats) if f is not None and alive[i]]
+                if not valid:
+                    break
+                scores = model.score([feats[i] for i in valid])
+                objective = -scores.sum() + cfg.penalty_weight * sym.penalties(x)[valid].sum()
+                optim.zero_grad()
+                objective.backward()
+                bad = ~torch.isfinite(x.grad).all(1)
+                if bad.any():
+                    self.stats.nan_seeds += int((bad & alive).sum())
+                    alive &= ~bad
+                    x.grad[bad] = 0.0
+                optim.step()
+        fresh = [c for k, c in candidates.items() if k not in self.measured]
+        self._last_descent_s = time.perf_counter() - start
+        return self._pick(fresh, count)
+
+    def _pick(self, fresh: list, count: int) -> list[tuple[SymbolicSketch, dict]]:
+        """Re-score every rounded candidate at its integer point; best first, plus exploration."""
+        scored = []
+        for sym, decisions in fresh:
+            feats = sym.features_at(decisions, "smooth", refit=False)
+            if feats is None or not torch.isfinite(feats).all():
+                continue
+            scored.append((sym, decisions, feats.to(torch.float32)))
+        if not scored:
+            return []
+        with torch.no_grad():
+            scores = self.cost_model.model.score([f for _, _, f in scored]).numpy()
+        finite = np.isfinite(scores)
+        if not finite.all():
+            # A prediction that is NaN/inf says nothing: drop it (counted), keep the rest.
+            self.stats.nan_seeds += int((~finite).sum())
+            scored = [c for c, ok in zip(scored, finite, strict=True) if ok]
+            scores = scores[finite]
+            if not scored:
+                return []
+        order = list(np.argsort(-scores))
+        explore = min(len(order), int(round(self.config.explore * count)))
+        exploit = order[: count - explore]
+        rest = order[count - explore :]
+        chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit
+        self._last_predicted = float(scores[order[0]])
+        return [(scored[i][0], scored[i][1]) for i in chosen]
+
+
+def _decisions_of(sym: SymbolicSketch, trace: Any) -> dict | None:
+    """A measured trace's decisions in ``sym``'s format, if the trace is of this sketch."""
+    insts = [i for i in trace.insts if i.kind.name.startswith("Sample")]
+    mine = [i for i in sym.variables.trace.insts if i.kind.name.startswith("Sample")]
+    if [i.kind.name for i in insts] != [i.kind.name for i in mine]:
+        return None
+    out = {}
+    for var in sym.variables.variables:
+        value = trace.decisions.get(insts[var.index])
+        if value is None:
+            return None
+        out[var.index] = [int(v) for v in value] if hasattr(var, "extent") else int(value)
+    return out

@@ -72,7 +72,11 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="continue in an existing output directory of the same model",
     )
-    tune.add_argument("--search", default="evolutionary", help="search strategy")
+    tune.add_argument(
+        "--search",
+        default="evolutionary",
+        help="gradient (Felix) | evolutionary | replay-trace | replay-func",
+    )
     tune.add_argument(
         "--tracker",
         default=None,

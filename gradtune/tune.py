@@ -244,12 +244,15 @@ def tune(
     if ms_logger.level in (logging.NOTSET, logging.DEBUG, logging.INFO):
         ms_logger.setLevel(logging.WARNING)
     loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tasks])
+    # One strategy object for the run: each TuneContext clones it, and gradtune's clones share
+    # the online cost model, so what one task measures teaches the search of the others.
+    strategy = make_strategy(search, target.kind.name) if isinstance(search, str) else search
     contexts = [
         ms.TuneContext(
             mod=task.mod,
             target=target,
             space_generator="post-order-apply",
-            search_strategy=make_strategy(search) if isinstance(search, str) else search,
+            search_strategy=strategy,
             task_name=task.name,
             logger=loggers[i],
             rand_state=seed + i,

@@ -1,0 +1,182 @@
+"""Felix's headline experiment on this CPU: gradient search vs MetaSchedule's evolutionary
+search, same builder, RPC runner, batch size, gradient task scheduler and wall-clock budget.
+
+For each benchmark model (examples/: ResNet-18-like, MobileNetV2-like, Transformer encoder,
+DCGAN-like generator) both searchers tune from an empty database, one after the other (the
+order alternates between models so drift on the shared machine hits both). The curve is the
+best *estimated* end-to-end latency (Σ task weight × best measured kernel) against tuning
+time; at the end both databases are compiled and the real models timed interleaved.
+
+    .venv/bin/python bench/search_efficiency.py [--minutes 5] [--models resnet18_like ...]
+
+Writes bench/results/search_efficiency_<model>.png, search_efficiency.md and .json, and
+prints as its last line {"models": {name: {"t95_ratio": r, ...}}, "geomean_t95_ratio": g}
+(ratio = evolutionary's time to 95% of the best latency either found / gradient's).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODELS = ("resnet18_like", "mobilenetv2_like", "transformer_encoder", "dcgan_like")
+SEARCHERS = ("gradient", "evolutionary")
+
+
+def time_to(curve: list[tuple[float, float]], target_us: float) -> float | None:
+    for seconds, us in curve:
+        if us <= target_us:
+            return seconds
+    return None
+
+
+def run_model(name: str, minutes: float, per_round: int, tracker, order: tuple, work: Path):
+    from gradtune import compile as compile_mod
+    from gradtune.frontend import load_model
+    from gradtune.partition import partition
+    from gradtune.search import make_strategy
+    from gradtune.target import make_target, parse_target
+    from gradtune.tune import open_database, tune
+
+    target = make_target(parse_target("llvm"))
+    model = load_model(ROOT / "examples" / f"{name}.py")
+    fused, tasks = partition(model.mod, model.params, target)
+    out = {"tasks": len(tasks)}
+    for searcher in order:
+        curve: list[tuple[float, float]] = []
+        work_dir = work / f"{name}-{searcher}"
+        strategy = make_strategy(searcher, target.kind.name)
+        result = tune(
+            tasks, target, work_dir, tracker, max_trials=100_000, time_budget=60 * minutes,
+            search=strategy, trials_per_round=per_round,
+            on_round=lambda r, c=curve: c.append((r.seconds, r.estimated_model_us))
+            if math.isfinite(r.estimated_model_us) else None,
+        )  # fmt: skip
+        entry = {
+            "trials": result.trials,
+            "seconds": round(result.seconds, 1),
+            "curve": [(round(s, 2), round(u, 2)) for s, u in curve],
+        }
+        if searcher == "gradient" and not isinstance(strategy, str):
+            stats = strategy.stats
+            entry["fallback_tasks"] = len(stats.fallback_tasks)
+            entry["nan_seeds"] = stats.nan_seeds
+            entry["mean_search_s"] = round(
+                sum(r.search_s for r in stats.rounds) / max(1, len(stats.rounds)), 2
+            )
+            entry["cost_model"] = strategy.cost_model.source
+        out[searcher] = entry
+    executables = {
+        s: compile_mod.build(fused, target, open_database(work / f"{name}-{s}")) for s in order
+    }
+    runners = {s: compile_mod.Runner(e, target, model.inputs) for s, e in executables.items()}
+    for s, runner in runners.items():
+        compile_mod.verify(runner.outputs(), model.reference_outputs, f"{name} tuned by {s}")
+    latency = compile_mod.time_interleaved({s: r.run for s, r in runners.items()})
+    for s in order:
+        out[s]["final_e2e_ms"] = round(latency[s], 4)
+    return out
+
+
+def analyse(name: str, data: dict) -> dict:
+    best = min(min((u for _, u in data[s]["curve"]), default=math.inf) for s in SEARCHERS)
+    row = {"best_estimated_us": round(best, 2)}
+    for pct in (90, 95, 99):
+        times = {s: time_to(data[s]["curve"], best / (pct / 100)) for s in SEARCHERS}
+        row[f"t{pct}"] = times
+        g, e = times["gradient"], times["evolutionary"]
+        horizon = max(data[s]["seconds"] for s in SEARCHERS)
+        # A searcher that never got there is charged the whole budget (a lower bound).
+        ratio = (e if e is not None else horizon) / (g if g is not None else horizon)
+        row[f"t{pct}_ratio"] = round(ratio, 3)
+    equal = min(data[s]["seconds"] for s in SEARCHERS)
+    for s in SEARCHERS:
+        at = [u for t, u in data[s]["curve"] if t <= equal]
+        row[f"{s}_us_at_equal_time"] = round(min(at), 2) if at else None
+        row[f"{s}_final_e2e_ms"] = data[s]["final_e2e_ms"]
+        row[f"{s}_trials"] = data[s]["trials"]
+    return row
+
+
+def plot(name: str, data: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for s in SEARCHERS:
+        curve = data[s]["curve"]
+        if curve:
+            ax.step([t for t, _ in curve], [u for _, u in curve], where="post", label=s)
+    ax.set_xlabel("tuning time (s)")
+    ax.set_ylabel("best estimated latency (µs)")
+    ax.set_yscale("log")
+    ax.set_title(f"{name}: best latency vs tuning time")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    from gradtune.measure.rpc_fleet import LocalFleet
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="*", default=list(MODELS))
+    parser.add_argument("--minutes", type=float, default=5.0, help="tuning budget per searcher")
+    parser.add_argument("--trials-per-round", type=int, default=8)
+    parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    args = parser.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix="gradtune-bench-"))
+    raw, rows = {}, {}
+    try:
+        with LocalFleet() as tracker:
+            for i, name in enumerate(args.models):
+                order = SEARCHERS if i % 2 == 0 else SEARCHERS[::-1]
+                start = time.perf_counter()
+                raw[name] = run_model(
+                    name, args.minutes, args.trials_per_round, tracker, order, work
+                )
+                rows[name] = analyse(name, raw[name])
+                plot(name, raw[name], out / f"search_efficiency_{name}.png")
+                print(f"{name}: {json.dumps(rows[name])} ({time.perf_counter() - start:.0f} s)",
+                      flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    ratios = [r["t95_ratio"] for r in rows.values() if r["t95_ratio"] > 0]
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+    (out / "search_efficiency.json").write_text(json.dumps({"raw": raw, "rows": rows}, indent=1))
+    lines = [
+        "| model | tasks | best est. µs | t95 grad s | t95 evo s | t95 ratio (evo/grad) | "
+        "µs at equal time grad / evo | e2e ms grad / evo | trials grad / evo |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, r in rows.items():
+        t95 = r["t95"]
+        lines.append(
+            f"| {name} | {raw[name]['tasks']} | {r['best_estimated_us']} | {t95['gradient']} | "
+            f"{t95['evolutionary']} | {r['t95_ratio']} | {r['gradient_us_at_equal_time']} / "
+            f"{r['evolutionary_us_at_equal_time']} | {r['gradient_final_e2e_ms']} / "
+            f"{r['evolutionary_final_e2e_ms']} | {r['gradient_trials']} / "
+            f"{r['evolutionary_trials']} |"
+        )
+    lines.append(f"\ngeomean t95 ratio: {geomean}")
+    (out / "search_efficiency.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    summary = {
+        n: {k: r[k] for k in ("t90_ratio", "t95_ratio", "t99_ratio")} for n, r in rows.items()
+    }
+    print(json.dumps({"models": summary, "geomean_t95_ratio": geomean}))
+
+
+if __name__ == "__main__":
+    main()

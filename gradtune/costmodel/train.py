@@ -74,7 +74,7 @@ def fit(
                 value.backward()
                 torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
                 optim.step()
-                losses.append(float(value))
+                losses.append(float(value.detach()))
         history.append(float(np.mean(losses)) if losses else 0.0)
         if progress is not None:
             progress()

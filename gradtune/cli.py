@@ -113,6 +113,16 @@ def build_parser() -> argparse.ArgumentParser:
     verify.add_argument("--target", default=None, help="llvm (default: this CPU), cuda or JSON")
     verify.add_argument("--samples", type=int, default=20, help="random decisions per sketch")
     verify.add_argument("--seed", type=int, default=0)
+
+    costmodel = sub.add_parser("costmodel", help="gradtune's cost model vs MetaSchedule's")
+    costmodel_sub = costmodel.add_subparsers(dest="costmodel_command", required=True)
+    evaluate = costmodel_sub.add_parser(
+        "eval", help="rank held-out workloads: ours vs XGBModel vs MLPModel"
+    )
+    evaluate.add_argument("--dataset", default="data", help="dataset directory")
+    evaluate.add_argument("--split", default="workload", choices=["workload", "model"])
+    evaluate.add_argument("--target", default=None, help="the dataset's target (default: llvm)")
+    evaluate.add_argument("--epochs", type=int, default=40)
     return parser  # fmt: skip
 
 
@@ -177,12 +187,32 @@ def cmd_symbolic(args: argparse.Namespace) -> int:
     return run(args.path, args.target, args.samples, args.seed)
 
 
+def cmd_costmodel(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from .costmodel.evaluate import evaluate, print_table
+    from .target import make_target, parse_target
+
+    console = Console(stderr=True)
+    target = make_target(parse_target(args.target))
+    result = evaluate(args.dataset, args.split, target, args.epochs, console)
+    print_table(result, console)
+    keys = ("split", "ours", "xgb", "ms_mlp")
+    print(json.dumps({k: result[k] for k in keys}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     warnings.filterwarnings("ignore", category=FutureWarning)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
     try:
-        commands = {"tune": cmd_tune, "pull": cmd_pull, "symbolic": cmd_symbolic}
+        commands = {
+            "tune": cmd_tune,
+            "pull": cmd_pull,
+            "symbolic": cmd_symbolic,
+            "costmodel": cmd_costmodel,
+        }
         return commands[args.command](args)
     except GradtuneError as err:
         print(f"gradtune: error: {err}", file=sys.stderr)

@@ -10,6 +10,7 @@ an llvm job cheap without changing which schedules exist for it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
 import types
@@ -37,3 +38,23 @@ def register_tensor_intrinsics(target_kind: str) -> None:
     except BaseException:
         del sys.modules[_PKG]
         raise
+
+
+@contextlib.contextmanager
+def steplr_accepts_verbose():
+    """TVM 0.27's ``SegmentSumMLPTrainer.train_full`` passes ``verbose=`` to torch's
+    ``StepLR``, which torch 2.13 no longer accepts: MetaSchedule's MLPModel cannot train at all
+    beside our torch pin. Within this block ``StepLR`` drops that one argument."""
+    import torch
+
+    original = torch.optim.lr_scheduler.StepLR
+
+    class StepLR(original):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, verbose=None, **kwargs):
+            super().__init__(*args, **kwargs)
+
+    torch.optim.lr_scheduler.StepLR = StepLR
+    try:
+        yield
+    finally:
+        torch.optim.lr_scheduler.StepLR = original

@@ -243,9 +243,12 @@ def _sorted_slots(slots: list, zero: torch.Tensor) -> torch.Tensor:
     names = [s[0] for s in slots]
     rows = []
     for b in range(batch):
-        order = sorted(
-            range(len(slots)), key=lambda i: (-float(lines[b, i]), -float(bytes_[b, i]), names[i])
-        )[:BUFFERS_PER_STORE]
+        # Compare at 9 significant digits: formulas give 255.99999999997 where TVM has 256,
+        # and a tie broken by rounding noise would swap whole slots.
+        def key(i: int, b: int = b) -> tuple:
+            return (-float(f"{lines[b, i]:.9g}"), -float(f"{bytes_[b, i]:.9g}"), names[i])
+
+        order = sorted(range(len(slots)), key=key)[:BUFFERS_PER_STORE]
         row = vectors[b, order].reshape(-1)
         pad = width - row.shape[0]
         rows.append(torch.cat([row, torch.zeros(pad, dtype=torch.float64)]) if pad else row)

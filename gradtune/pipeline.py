@@ -233,10 +233,21 @@ def report_and_register_stage(
         }
         for r in tuned.rounds
     ]
+    # The gradient search logs one entry per batch too, in the same order: same task, same step.
+    for metrics, r, log_entry in zip(rounds, tuned.rounds, tuned.search_log, strict=False):
+        if log_entry["task"] == r.task:
+            metrics.update(
+                search_seconds=log_entry["search_s"],
+                descent_seconds=log_entry["descent_s"],
+                predicted_best_score=log_entry["predicted_best"],
+                measured_batch_best_us=log_entry["measured_best_us"],
+                costmodel_finetune_loss=log_entry["finetune_loss"],
+            )
     params = {
         "model": job.model, "entry": job.entry, "framework": model.framework,
         "target": job.target, "search": job.search, "trials_budget": job.trials,
         "time_budget": job.time_budget, "tasks": len(tasks), "seed": job.seed,
+        **{f"search_{k}": v for k, v in tuned.search_summary.items()},
     }  # fmt: skip
     finals = {
         k: summary[k]

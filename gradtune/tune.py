@@ -6,6 +6,7 @@ later); builder, runner, JSONDatabase and task scheduler are MetaSchedule's own.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import signal
@@ -49,6 +50,10 @@ class TuneResult:
     seconds: float = 0.0
     best_us: dict[str, float] = field(default_factory=dict)  # per task
     stopped_by_time_budget: bool = False
+    # Gradient search only: one entry per measured batch (search/descent seconds, predicted
+    # score of the best pick, measured best, cost-model fine-tune loss) and run totals.
+    search_log: list[dict[str, Any]] = field(default_factory=list)
+    search_summary: dict[str, Any] = field(default_factory=dict)
 
 
 def open_database(work_dir: Path):
@@ -291,4 +296,12 @@ def tune(
         restore_sigint()
         runner.pool.shutdown()
     result.seconds = time.perf_counter() - start
+    stats = getattr(strategy, "stats", None)
+    if stats is not None:
+        result.search_log = [dataclasses.asdict(r) for r in stats.rounds]
+        result.search_summary = {
+            "fallback_tasks": list(stats.fallback_tasks),
+            "nan_seeds": stats.nan_seeds,
+            "cost_model": strategy.cost_model.source,
+        }
     return result

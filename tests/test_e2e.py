@@ -97,9 +97,11 @@ def prefect_server(tmp_path):
 
 
 def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_server):
+    """Also the gradient search's path through the whole product, MLflow logging included."""
     out = tmp_path / "onnx"
     env = {"PREFECT_API_URL": prefect_server}
-    result = run_cli("tune", str(tiny_onnx), "--trials", "8", "--out", str(out), env=env)
+    result = run_cli("tune", str(tiny_onnx), "--trials", "8", "--out", str(out),
+                     "--search", "gradient", env=env)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Starting temporary server" not in result.stderr  # the real server was used
     summary = _check_outputs(out, 8)
@@ -116,3 +118,12 @@ def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_se
     with urllib.request.urlopen(request, timeout=10) as resp:
         runs = json.loads(resp.read())
     assert [r["state_type"] for r in runs] == ["COMPLETED"]
+
+    import mlflow
+
+    client = mlflow.MlflowClient(summary["mlflow_uri"])
+    run = client.get_run(summary["run_id"])
+    assert run.data.params["search"] == "gradient"
+    assert "search_cost_model" in run.data.params
+    history = client.get_metric_history(summary["run_id"], "search_seconds")
+    assert history and all(m.value > 0 for m in history)

@@ -100,6 +100,7 @@ def _make_progress_callback(
     start: float,
     time_budget: float | None,
     on_round: Callable[[RoundRecord], None] | None,
+    signal: Any,  # search.stoppable.StopSignal
 ):
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
@@ -144,11 +145,9 @@ def _make_progress_callback(
                 on_round(record)
             if time_budget is not None and record.seconds >= time_budget:
                 result.stopped_by_time_budget = True
-                # Terminating every task (this one included) ends the scheduler's loop cleanly;
-                # builds/runs in flight are joined by MetaSchedule before it returns.
-                for i, rec in enumerate(task_scheduler.tasks_):
-                    if not rec.is_terminated:
-                        task_scheduler.terminate_task(i)
+                # Every strategy now answers "no more candidates", so the scheduler terminates
+                # each task itself and joins what is in flight (see search/stoppable.py).
+                signal.set()
 
     return ProgressCallback()
 
@@ -248,10 +247,23 @@ def tune(
     ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
     if ms_logger.level in (logging.NOTSET, logging.DEBUG, logging.INFO):
         ms_logger.setLevel(logging.WARNING)
+    # MetaSchedule rebuilds its logging config from the names of the handlers already on its
+    # logger; an unnamed one (pytest's capture handler, a user's) becomes None in that list and
+    # crashes every later tune() in the process. They would be replaced anyway: drop them.
+    for handler in list(ms_logger.handlers):
+        if not handler.get_name():
+            ms_logger.removeHandler(handler)
     loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tasks])
     # One strategy object for the run: each TuneContext clones it, and gradtune's clones share
     # the online cost model, so what one task measures teaches the search of the others.
+    from .search.stoppable import Stoppable, StopSignal
+
     strategy = make_strategy(search, target.kind.name) if isinstance(search, str) else search
+    signal = StopSignal()
+    if hasattr(strategy, "signal"):  # gradtune's own strategies
+        strategy.signal = signal
+    else:  # MetaSchedule's, by name or object: made stoppable by delegation
+        strategy = Stoppable(strategy, signal)
     contexts = [
         ms.TuneContext(
             mod=task.mod,
@@ -268,7 +280,7 @@ def tune(
     start = time.perf_counter()
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
-        _make_progress_callback(tasks, best_us, result, start, time_budget, on_round),
+        _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, signal),
     ]
     runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
     interrupted, restore_sigint = _watch_sigint()

@@ -27,6 +27,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from gradtune.costmodel.online import OnlineCostModel
+from gradtune.search.stoppable import StopSignal
 from gradtune.symbolic.sketch import SymbolicSketch, _decision_key
 
 log = logging.getLogger("gradtune.search")
@@ -74,10 +75,12 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         cost_model: OnlineCostModel | None = None,
         config: GradientConfig | None = None,
         stats: SearchStats | None = None,
+        signal: StopSignal | None = None,
     ) -> None:
         self.cost_model = cost_model or OnlineCostModel.default()
         self.config = config or GradientConfig()
         self.stats = stats if stats is not None else SearchStats()
+        self.signal = signal if signal is not None else StopSignal()
         self.context: Any = None
         self.sketches: list[SymbolicSketch] = []
         self.fallback: Any = None
@@ -127,6 +130,8 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
             self.fallback.post_tuning()
 
     def generate_measure_candidates(self) -> list[Any] | None:
+        if self.signal.stopped:
+            return None
         if self.fallback is not None:
             return self.fallback.generate_measure_candidates()
         if self.remaining <= 0:
@@ -169,7 +174,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         )
 
     def clone(self) -> GradientSearch:
-        return GradientSearch(self.cost_model, self.config, self.stats)
+        return GradientSearch(self.cost_model, self.config, self.stats, self.signal)
 
     # -- Algorithm 1 ---------------------------------------------------------------------------
     def _load_measured(self, database: Any) -> None:

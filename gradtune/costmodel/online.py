@@ -1,9 +1,9 @@
 """The cost model a tuning session uses: pretrained weights, fine-tuned on what it measures.
 
-Weights come from, in order: an explicit path; the MLflow registry's
-``gradtune-costmodel-<target>@champion`` when a tracking server is configured; the copy
-bundled with the package (``gradtune/costmodel/weights/<target>.pt``); otherwise a fresh
-initialization (logged: the first rounds then explore blindly until measurements arrive).
+Weights come from, in order: an explicit path; the copy bundled with the package
+(``gradtune/costmodel/weights/<target>.pt``, written by pretraining — issue 4, which also adds
+the MLflow-registered champion); otherwise a fresh initialization (logged: the first rounds
+then explore blindly until measurements arrive).
 After every measured batch the model is fine-tuned for a few passes over this session's
 measurements (ranking loss within each task), which is what keeps the descent honest: it
 exploits the model's errors, and measuring its favourites corrects them.
@@ -12,7 +12,6 @@ exploits the model's errors, and measuring its favourites corrects them.
 from __future__ import annotations
 
 import logging
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,14 +33,6 @@ def load_pretrained(target_kind: str = "llvm", path: str | Path | None = None) -
     """(model, where it came from)."""
     if path is not None:
         return mlp.load(path), str(path)
-    if os.environ.get("MLFLOW_TRACKING_URI", "").startswith(("http://", "https://")):
-        from gradtune.costmodel.registry import pull_champion
-
-        try:
-            local = pull_champion(target_kind)
-            return mlp.load(local), f"models:/gradtune-costmodel-{target_kind}@champion"
-        except Exception as err:  # no registered model yet, or the server is down
-            log.warning("no registered cost model (%s); using the bundled one", err)
     if bundled_path(target_kind).is_file():
         return mlp.load(bundled_path(target_kind)), str(bundled_path(target_kind))
     log.warning("no pretrained cost model for %s: starting from random weights", target_kind)

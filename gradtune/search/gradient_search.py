@@ -108,7 +108,9 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         self.sketches = []
         for space in design_spaces:
             try:
-                sym = SymbolicSketch.build(mod, space.trace, postprocs, is_gpu, rng=self.rng)
+                sym = SymbolicSketch.build(
+                    mod, space.trace, postprocs, is_gpu, rng=self.rng, target=self.context.target
+                )
             except Exception as err:  # a sketch the symbolic layer cannot model
                 log.warning("%s: sketch not modelled (%s)", self.context.task_name, err)
                 continue
@@ -230,6 +232,9 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         """Re-score every rounded candidate at its integer point; best first, plus exploration."""
         scored = []
         for sym, decisions in fresh:
+            probe = sym.replay(decisions)
+            if probe is None or not probe.valid:  # rejected by a postprocessor or GPU limits
+                continue
             feats = sym.features_at(decisions, "smooth", refit=False)
             if feats is None or not torch.isfinite(feats).all():
                 continue

@@ -120,6 +120,10 @@ class Program:
     stores: list[Store]
     is_gpu: bool
     values: dict[str, int]
+    # GPU constraints' inputs: every allocation (name, shape keys, dtype bytes, scope), and
+    # every block with a thread-extent range (threadIdx loop keys bound there, low, high).
+    allocations: list[tuple[str, list[str], int, str]] = field(default_factory=list)
+    thread_checks: list[tuple[list[str], int, int]] = field(default_factory=list)
     _signature: str | None = field(default=None, repr=False, compare=False)
 
     def signature(self) -> str:
@@ -307,6 +311,8 @@ class _Collector:
         self.allocs: dict[str, tuple[list[str], list[str], int]] = {}
         self.shape_keys: dict[str, list[str]] = {}
         self.first_order: list[str] = []
+        self.allocations: list[tuple[str, list[str], int, str]] = []
+        self.thread_checks: list[tuple[list[str], int, int]] = []
 
     # -- leaves --------------------------------------------------------------------------
     def leaf(self, key: str, value: int) -> str:
@@ -340,6 +346,15 @@ class _Collector:
         elif t == "SBlockRealize":
             self.visit(stmt.block)
         elif t == "SBlock":
+            low = stmt.annotations.get("meta_schedule.thread_extent_low_inclusive")
+            high = stmt.annotations.get("meta_schedule.thread_extent_high_inclusive")
+            if low is not None and high is not None:
+                # ThreadExtentChecker: the innermost threadIdx.x/y/z bound here, multiplied.
+                bound = {}
+                for _, info in self.nest:
+                    if info.tag.startswith("threadIdx"):
+                        bound[info.tag] = info.key
+                self.thread_checks.append((list(bound.values()), int(low), int(high)))
             if stmt.init is not None:
                 self.visit(stmt.init)
             self.visit(stmt.body)
@@ -398,6 +413,13 @@ class _Collector:
             self.buffer_shape_keys(buffer),
             [info.key for _, info in self.nest],
             _bytes(buffer),
+        )
+        try:
+            scope = str(buffer.scope())
+        except (AttributeError, TypeError):
+            scope = "global"
+        self.allocations.append(
+            (buffer.name, self.buffer_shape_keys(buffer), _bytes(buffer), scope)
         )
 
     def visit_store(self, store: Any) -> None:
@@ -599,4 +621,10 @@ def extract_program(mod: Any, is_gpu: bool = False, lowered: bool = False) -> Pr
             store.alloc_loop_keys = loop_keys
             store.alloc_dtype_bytes = nbytes
         stores.append(store)
-    return Program(stores=stores, is_gpu=is_gpu, values=collector.values)
+    return Program(
+        stores=stores,
+        is_gpu=is_gpu,
+        values=collector.values,
+        allocations=collector.allocations,
+        thread_checks=collector.thread_checks,
+    )

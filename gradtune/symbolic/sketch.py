@@ -44,6 +44,7 @@ class Probe:
     decisions: dict[int, Any]
     program: Program
     schedule: Any
+    valid: bool = True  # TVM's VerifyGPUCode verdict on GPU targets (always True on CPU)
 
 
 @dataclass
@@ -52,6 +53,7 @@ class SymbolicSketch:
     variables: SketchVariables
     postprocs: list[Any]
     is_gpu: bool
+    target: Any = None  # for the GPU constraints' limits
     formulas: dict[str, LeafFormula] = field(default_factory=dict)
     unsupported: dict[str, str] = field(default_factory=dict)  # leaf key → why
     probes: int = 0
@@ -97,16 +99,39 @@ class SymbolicSketch:
         key = _decision_key(decisions)
         if key not in self._cases:
             x = self.variables.encode(decisions)
-            sch, applied = self.variables.decode(self.mod, x, self.postprocs)
+            # VerifyGPUCode only judges (it never rewrites): run it apart, so that a point GPU
+            # limits reject still has a program, features and a penalty to push it back.
+            checks = [p for p in self.postprocs if type(p).__name__ == "VerifyGPUCode"]
+            rewrites = [p for p in self.postprocs if p not in checks]
+            sch, applied = self.variables.decode(self.mod, x, rewrites)
             self.probes += 1
             probe = None
             if sch is not None:
-                probe = Probe(applied, extract_program(sch.mod, self.is_gpu), sch)
+                valid = all(bool(c.apply(sch)) for c in checks)
+                probe = Probe(applied, extract_program(sch.mod, self.is_gpu), sch, valid)
             self._cases[key] = probe
         return self._cases[key]
 
     def random_decisions(self, rng: np.random.Generator) -> dict[int, Any]:
-        return self.variables.round(self.variables.random_point(rng))
+        """Random decisions inside the constraint region: on GPU, a random point pulled into
+        the region by descending the penalties (Felix draws its seeds this way)."""
+        x = self.variables.random_point(rng)
+        if self.is_gpu and self.target is not None:
+            x = self.feasible(torch.tensor(x[None]))[0].numpy()
+        return self.variables.round(x)
+
+    def feasible(self, x: torch.Tensor, steps: int = 40, lr: float = 0.3) -> torch.Tensor:
+        """Points moved by gradient descent on the penalties until they round validly."""
+        x = x.detach().clone().requires_grad_(True)
+        optim = torch.optim.Adam([x], lr=lr)
+        for _ in range(steps):
+            penalty = self.penalties(x)
+            if float(penalty.max()) <= 0:
+                break
+            optim.zero_grad()
+            penalty.sum().backward()
+            optim.step()
+        return x.detach()
 
     @classmethod
     def build(
@@ -117,10 +142,11 @@ class SymbolicSketch:
         is_gpu: bool = False,
         rng: np.random.Generator | None = None,
         min_probes: int = 24,
+        target: Any = None,
     ) -> SymbolicSketch:
         """Variables from the sketch's trace, then leaf formulas fitted on random probes."""
         rng = rng or np.random.default_rng(0)
-        sym = cls(mod, SketchVariables.from_trace(sketch_trace), postprocs, is_gpu)
+        sym = cls(mod, SketchVariables.from_trace(sketch_trace), postprocs, is_gpu, target)
         wanted = max(min_probes, 2 * (sym.n_factors + 1) + 4)
         probes = [sym.replay(sym.variables.sketch_decisions())]
         attempts = 0
@@ -359,4 +385,23 @@ class SymbolicSketch:
                 hi = math.log2(1 + max(var.candidates))
                 total = total + torch.relu(lo - part[:, 0]).pow(2)
                 total = total + torch.relu(part[:, 0] - hi).pow(2)
+        if self.is_gpu and self.target is not None:
+            total = total + self._gpu_penalties(x)
         return total
+
+    def _gpu_penalties(self, x: torch.Tensor) -> torch.Tensor:
+        from gradtune.symbolic.gpu import penalty
+
+        log_f, cats = self.continuous_columns(x)
+        out = torch.zeros(x.shape[0], dtype=x.dtype)
+        for i in range(x.shape[0]):
+            probe = self.replay(self.variables.round(x[i].detach().numpy()))
+            if probe is None:
+                continue
+            leaves = self.leaves(probe.program, log_f[i : i + 1], cats[i : i + 1], True)
+            out = (
+                out
+                + torch.nn.functional.one_hot(torch.tensor(i), x.shape[0]).to(x.dtype)
+                * (penalty(probe.program, leaves, self.target)[0])
+            )
+        return out

@@ -37,6 +37,8 @@ class SketchReport:
     build_seconds: float = 0.0
     mismatched_features: dict[str, int] = field(default_factory=dict)
     smooth_err: dict[str, float] = field(default_factory=dict)
+    gpu_checks: int = 0  # GPU: points where our constraints' verdict was compared with TVM's
+    gpu_agree: int = 0
 
     @property
     def fraction(self) -> float:
@@ -121,14 +123,22 @@ def verify_module(
     for index, sketch in enumerate(sketches):
         report = SketchReport(index)
         start = time.perf_counter()
-        sym = SymbolicSketch.build(mod, sketch.trace, postprocs, is_gpu=is_gpu, rng=rng)
+        sym = SymbolicSketch.build(
+            mod, sketch.trace, postprocs, is_gpu=is_gpu, rng=rng, target=target
+        )
         report.build_seconds = time.perf_counter() - start
         draws = 0
         while report.samples < samples and draws < 4 * samples:
             draws += 1
             decisions = sym.random_decisions(rng)
             probe = sym.replay(decisions)
-            if probe is None:
+            if is_gpu and probe is not None:
+                from gradtune.symbolic.gpu import verdict
+
+                ours = verdict(probe.program, target)[0]
+                report.gpu_checks += 1
+                report.gpu_agree += ours == probe.valid
+            if probe is None or not probe.valid:
                 report.invalid_draws += 1
                 continue
             report.samples += 1
@@ -183,6 +193,11 @@ def summary(reports: list[SketchReport], samples: int) -> dict[str, Any]:
         "exact_fraction": round(sum(r.matched for r in reports) / values, 6) if values else 0.0,
         "max_abs_err": max((r.max_abs_err for r in reports), default=0.0),
         "unsupported": [r.why() for r in reports if not r.verified],
+        **(
+            {"gpu_verdict_agreement": round(sum(r.gpu_agree for r in reports) / checks, 4)}
+            if (checks := sum(r.gpu_checks for r in reports))
+            else {}
+        ),
     }
 
 

@@ -125,6 +125,7 @@ class Program:
     allocations: list[tuple[str, list[str], int, str]] = field(default_factory=list)
     thread_checks: list[tuple[list[str], int, int]] = field(default_factory=list)
     _signature: str | None = field(default=None, repr=False, compare=False)
+    _store_signatures: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
     def signature(self) -> str:
         """Structure only (no leaf values): two points with equal signatures share a case."""
@@ -132,19 +133,26 @@ class Program:
             self._signature = self._make_signature()
         return self._signature
 
+    def store_signature(self, buffer: str) -> str:
+        """The structure of one store's loop nest and accesses ("" if it has none)."""
+        if self._store_signatures is None:
+            self._store_signatures = {s.buffer: self._store_part(s) for s in self.stores}
+        return self._store_signatures.get(buffer, "")
+
     def _make_signature(self) -> str:
-        parts = []
-        for s in self.stores:
-            loops = ",".join(
-                f"{lp.key}:{lp.kind}{lp.tag}{'U' if lp.unroll_key else ''}" for lp in s.loops
-            )
-            acc = ";".join(
-                f"{a.buffer}/{a.access_type}/{a.stride_level}/{a.continuous_dim_key}/"
-                f"{a.reuse_type}/{a.reuse_level}/{len(a.serial_touched)}"
-                for a in s.accesses
-            )
-            parts.append(f"{s.buffer}[{loops}]{s.arith}{{{acc}}}{s.alloc_shape_keys}")
-        return "|".join(parts)
+        return "|".join(self._store_part(s) for s in self.stores)
+
+    @staticmethod
+    def _store_part(s: Store) -> str:
+        loops = ",".join(
+            f"{lp.key}:{lp.kind}{lp.tag}{'U' if lp.unroll_key else ''}" for lp in s.loops
+        )
+        acc = ";".join(
+            f"{a.buffer}/{a.access_type}/{a.stride_level}/{a.continuous_dim_key}/"
+            f"{a.reuse_type}/{a.reuse_level}/{len(a.serial_touched)}"
+            for a in s.accesses
+        )
+        return f"{s.buffer}[{loops}]{s.arith}{{{acc}}}{s.alloc_shape_keys}"
 
 
 def lower_for_features(mod: Any) -> Any:

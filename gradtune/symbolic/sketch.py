@@ -126,7 +126,7 @@ class SymbolicSketch:
         optim = torch.optim.Adam([x], lr=lr)
         for _ in range(steps):
             penalty = self.penalties(x)
-            if float(penalty.max()) <= 0:
+            if float(penalty.detach().max()) <= 0:
                 break
             optim.zero_grad()
             penalty.sum().backward()
@@ -215,7 +215,8 @@ class SymbolicSketch:
             return self._case_formulas[signature]
         rng = rng or np.random.default_rng(len(self._case_formulas))
         wanted = self.n_factors + 2
-        same: list[Probe] = []
+        same: list[Probe] = []  # whole-program case equal
+        tried: list[Probe] = []  # every neighbour replayed
         seen = {_decision_key(probe.decisions)}
         frontier, budget = [probe.decisions], 4 * wanted
         # Breadth-first over one-prime moves: a case that is narrow around the point (few
@@ -230,30 +231,50 @@ class SymbolicSketch:
                     seen.add(key)
                     budget -= 1
                     other = self.replay(decisions)
-                    if other is not None and other.program.signature() == signature:
+                    if other is None:
+                        continue
+                    tried.append(other)
+                    if other.program.signature() == signature:
                         same.append(other)
                         nxt.append(other.decisions)
             frontier = nxt
         local: dict[str, LeafFormula] = {}
-        if same:
-            cols = [self.columns(o.decisions) for o in same]
+        for key in program.values:
+            pool = self._pool(key, program, same, tried)
+            if not pool:
+                continue
+            cols = [self.columns(o.decisions) for o in pool]
             log_f = np.stack([c[0] for c in cols])
             cats = np.stack([c[1] for c in cols])
-            log_t, cat_t = torch.as_tensor(log_f), torch.as_tensor(cats)
-            for key in program.values:
-                values = np.asarray([o.program.values[key] for o in same], dtype=float)
-                formula = self.formulas.get(key)
-                if formula is not None:
-                    got = formula.evaluate(log_t, cat_t).numpy()
-                    if np.allclose(got, values, rtol=1e-9, atol=1e-9):
-                        continue
-                refit = fit_leaf(log_f, cats, values)
-                if refit is not None and _overdetermined(refit, log_f, len(same), margin=1):
-                    local[key] = refit
-            if local:
-                self.local_fits += 1
+            values = np.asarray([o.program.values[key] for o in pool], dtype=float)
+            formula = self.formulas.get(key)
+            if formula is not None:
+                got = formula.evaluate(torch.as_tensor(log_f), torch.as_tensor(cats)).numpy()
+                if np.allclose(got, values, rtol=1e-9, atol=1e-9):
+                    continue
+            refit = fit_leaf(log_f, cats, values)
+            if refit is not None and _overdetermined(refit, log_f, len(pool), margin=1):
+                local[key] = refit
+        if local:
+            self.local_fits += 1
         self._case_formulas[signature] = local
         return local
+
+    @staticmethod
+    def _pool(key: str, program: Program, same: list[Probe], tried: list[Probe]) -> list[Probe]:
+        """The neighbours a leaf can be fitted on: a store's regions and strides depend only on
+        that store's own loop nest, so neighbours whose other stores changed shape still count
+        (far more of them than whole-program twins); other leaves need the whole case."""
+        kind, _, rest = key.partition(":")
+        if kind in ("N", "S"):
+            store = rest.split(":", 1)[0].rsplit("#", 1)[0]
+            mine = program.store_signature(store)
+            return [
+                o
+                for o in tried
+                if key in o.program.values and o.program.store_signature(store) == mine
+            ]
+        return same
 
     # -- features ---------------------------------------------------------------------------
     def leaves(

@@ -68,3 +68,23 @@ def test_gradient_search_tunes_and_resumes_without_measuring_twice(
     assert len(records) == 12
     keys = {(str(r.workload.mod["main"].attrs), str(r.trace)) for r in records}
     assert len(keys) == 12, "a schedule was measured twice"
+
+
+@pytest.mark.slow
+def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, tmp_path):
+    from gradtune.frontend import load_model
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.search import make_strategy
+    from gradtune.tune import count_records, open_database, tune
+    from tests.conftest import EXAMPLES
+
+    model = load_model(EXAMPLES / "transformer_encoder.py")
+    _, tasks = partition(model.mod, model.params, llvm_target)
+    reshape = [t for t in tasks if t.name == "reshape"]  # one sketch, no decisions at all
+    assert reshape
+    strategy = make_strategy("gradient")
+    with LocalFleet() as tracker:
+        tune(reshape, llvm_target, tmp_path, tracker, max_trials=2, search=strategy,
+             trials_per_round=2)  # fmt: skip
+    assert strategy.stats.fallback_tasks == ["reshape"]
+    assert count_records(open_database(tmp_path)) >= 1

@@ -123,7 +123,107 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="workload", choices=["workload", "model"])
     evaluate.add_argument("--target", default=None, help="the dataset's target (default: llvm)")
     evaluate.add_argument("--epochs", type=int, default=40)
+
+    add_dataset_parser(sub)
     return parser  # fmt: skip
+
+
+# --------------------------------------------------------------------------- dataset (issue 4)
+
+
+def add_dataset_parser(sub) -> None:
+    from .dataset import CollectSettings
+
+    d = CollectSettings()
+    dataset = sub.add_parser("dataset", help="the TenSet-style dataset: collect, info")
+    dataset_sub = dataset.add_subparsers(dest="dataset_command", required=True)
+    collect = dataset_sub.add_parser(
+        "collect", help="measure the zoo's workloads over RPC into a dataset (resumable)"
+    )
+    collect.add_argument("--out", default="data", help="dataset directory (default: data)")
+    collect.add_argument("--zoo", default="configs/zoo.yaml", help="model zoo config")
+    collect.add_argument("--target", default=None, help="llvm (default: this CPU) or JSON")
+    collect.add_argument(
+        "--max-workloads",
+        type=int,
+        default=None,
+        help="measure only the first N workloads in priority order",
+    )
+    collect.add_argument(
+        "--random", type=int, default=d.random_per_workload, help="random candidates per workload"
+    )
+    collect.add_argument(
+        "--evolutionary",
+        type=int,
+        default=d.evolutionary_per_workload,
+        help="candidates per workload from a short evolutionary search",
+    )
+    collect.add_argument("--batch-size", type=int, default=d.batch_size)
+    collect.add_argument("--builder-workers", type=int, default=d.builder_workers)
+    collect.add_argument("--time-budget", type=float, default=None, metavar="SECONDS")
+    collect.add_argument(
+        "--tracker",
+        default=None,
+        metavar="HOST:PORT",
+        help="existing RPC tracker (default: start a local fleet)",
+    )
+    collect.add_argument("--key", default=None, help="device key on the tracker")
+    collect.add_argument("--seed", type=int, default=d.seed)
+    info = dataset_sub.add_parser("info", help="counts and latency spread of a dataset")
+    info.add_argument("data", help="dataset directory")
+
+
+def cmd_dataset(args: argparse.Namespace) -> int:
+    from .dataset import CollectSettings, summarize
+
+    if args.dataset_command == "info":
+        summary = summarize(args.data)
+        for name, f in summary["families"].items():
+            print(
+                f"{name:32s} {f['workloads']:4d} workloads {f['records']:7d} records "
+                f"median/best {f['median_over_best']}"
+            )
+        keys = ("workloads", "workloads_with_records", "workloads_complete", "records", "failed")
+        print(json.dumps({k: summary[k] for k in keys}))
+        return 0
+    from .target import parse_target
+
+    for flag in ("random", "evolutionary", "batch_size", "builder_workers"):
+        if getattr(args, flag) < (1 if flag in ("batch_size", "builder_workers") else 0):
+            raise GradtuneError(f"--{flag.replace('_', '-')} must be positive")
+    if args.max_workloads is not None and args.max_workloads <= 0:
+        raise GradtuneError("--max-workloads must be positive")
+    if not Path(args.zoo).is_file():
+        raise GradtuneError(f"zoo config not found: {args.zoo}")
+    tracker = None
+    if args.tracker:
+        from .measure.rpc_fleet import check_tracker, parse_tracker
+
+        tracker = parse_tracker(args.tracker, args.key)
+        check_tracker(tracker)
+    settings = CollectSettings(
+        random_per_workload=args.random,
+        evolutionary_per_workload=args.evolutionary,
+        batch_size=args.batch_size,
+        builder_workers=args.builder_workers,
+        seed=args.seed,
+    )
+    _prefect_defaults()
+    from flows.collect_dataset import collect_dataset
+
+    _quiet_prefect_user_errors()
+    summary = collect_dataset(
+        args.out,
+        args.zoo,
+        parse_target(args.target),
+        settings.__dict__,
+        max_workloads=args.max_workloads,
+        time_budget=args.time_budget,
+        tracker=tracker.__dict__ if tracker else None,
+    )
+    keys = ("workloads", "workloads_with_records", "workloads_complete", "records", "failed")
+    print(json.dumps({k: summary[k] for k in keys}))
+    return 0
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -212,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
             "pull": cmd_pull,
             "symbolic": cmd_symbolic,
             "costmodel": cmd_costmodel,
+            "dataset": cmd_dataset,
         }
         return commands[args.command](args)
     except GradtuneError as err:

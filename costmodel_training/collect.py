@@ -30,6 +30,9 @@ def settings_from_params(params: dict) -> CollectSettings:
 
 
 def _interrupt(signum, frame):
+    from gradtune.dataset import STOP
+
+    STOP.set()  # in case the interrupt below is swallowed inside a TVM call
     raise KeyboardInterrupt
 
 
@@ -42,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
     # A plain `kill` (or DVC stopping the stage) should stop the RPC fleet on the way out, as
     # Ctrl-C does: what was measured is already on disk, a rerun resumes.
     signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, _interrupt)  # also when started in the background (&), where
+    # SIGINT starts out ignored and Python would keep ignoring it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     # MetaSchedule logs every search generation at INFO: keep the log about the collection.
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)

@@ -28,6 +28,7 @@ import os
 import platform
 import shutil
 import sys
+import threading
 import time
 import zlib
 from collections.abc import Callable, Iterator
@@ -38,6 +39,10 @@ from typing import Any
 from .errors import GradtuneError
 
 log = logging.getLogger(__name__)
+
+# Set by a signal handler (costmodel_training/collect.py) to stop at the next batch boundary:
+# a KeyboardInterrupt raised inside a TVM callback can come back as a TVM error and be lost.
+STOP = threading.Event()
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
@@ -58,6 +63,9 @@ class CollectSettings:
     batch_size: int = 16  # candidates built and measured together, committed together
     max_failures_per_workload: int = 64  # a workload that keeps failing is given up on
     builder_workers: int = 2
+    # Some random programs (huge unrolls of a reduction) take minutes to compile; they are
+    # counted as failures rather than allowed to stall the collection.
+    build_timeout_sec: float = 30.0
     rpc_servers: int = 1
     number: int = 2
     repeat: int = 3
@@ -233,9 +241,14 @@ def clean_lines(
     record_lines: list[bytes],
     target: dict[str, Any] | None,
     skipped: Skipped,
+    replay: bool = False,
 ) -> tuple[list[bytes], list[bytes], list[str]]:
-    """Keep what TVM can load: parseable workloads, records that name a kept workload, parse,
-    and (when ``target`` is given) were measured on it. Workloads are re-indexed densely.
+    """Keep what TVM can load: parseable workloads, records that name a kept workload, have a
+    record's shape, and (when ``target`` is given) were measured on it. Workloads are
+    re-indexed densely.
+
+    ``replay`` also rebuilds every record as TVM will (its trace replayed on the workload,
+    ~8 ms each): callers do that only when TVM refused the cheaply checked lines.
 
     Returns (workload lines, record lines, workload keys in line order).
     """
@@ -276,15 +289,42 @@ def clean_lines(
             if why:
                 skipped.add("other target", f"record line {i + 1} is for another target ({why})")
                 continue
-        try:
-            ms.database.TuningRecord.from_json(body, parsed[new_index[obj[0]]])
-        except Exception as err:
-            skipped.add("corrupt record", f"record line {i + 1} is not a record ({_short(err)})")
+        why = _record_shape_error(body)
+        if why:
+            skipped.add("corrupt record", f"record line {i + 1} is not a record ({why})")
             continue
+        if replay:
+            try:
+                ms.database.TuningRecord.from_json(body, parsed[new_index[obj[0]]])
+            except Exception as err:
+                skipped.add(
+                    "corrupt record", f"record line {i + 1} does not replay ({_short(err)})"
+                )
+                continue
         if new_index[obj[0]] != obj[0]:
             line = json.dumps([new_index[obj[0]], body]).encode()
         records.append(line)
     return workloads, records, keys
+
+
+def _record_shape_error(body: Any) -> str:
+    """Why ``body`` is not ``[[insts, decisions], run_secs, target, args_info]`` ('' if it is)."""
+    if not (isinstance(body, list) and len(body) == 4):
+        return "not [trace, run_secs, target, args_info]"
+    trace, run_secs, target, args_info = body
+    if not (
+        isinstance(trace, list) and len(trace) == 2 and all(isinstance(t, list) for t in trace)
+    ):
+        return "its trace is not [instructions, decisions]"
+    if not (isinstance(run_secs, list) and run_secs):
+        return "no run_secs"
+    if not all(isinstance(x, int | float) and math.isfinite(x) and x > 0 for x in run_secs):
+        return "run_secs are not positive finite numbers"
+    if not isinstance(target, dict) or "kind" not in target:
+        return "its target is not a target object"
+    if not isinstance(args_info, list):
+        return "its args_info is not a list"
+    return ""
 
 
 def _short(err: BaseException) -> str:
@@ -326,45 +366,60 @@ def open_database(
     ``path`` is a dataset directory holding the gzip'd (or plain) JSONDatabase files. Corrupt or
     truncated lines, records whose workload is missing and — given ``target`` — records measured
     on another target are skipped, counted in ``skipped`` and reported in one line on stderr.
-    The cleaned, decompressed copy is cached by content, so reopening is instant.
+    The cleaned, decompressed copy is cached by content, so reopening is cheap.
     Raises ``GradtuneError`` when nothing usable remains.
     """
-    from tvm.s_tir import meta_schedule as ms
-
     data_dir = Path(path)
     skipped = skipped if skipped is not None else Skipped()
     if not data_dir.is_dir():
         raise GradtuneError(f"dataset directory not found: {data_dir}")
     root = Path(cache_dir) if cache_dir else _cache_root()
     out = root / _fingerprint(data_dir, target)
-    summary = out / "skipped.json"
-    if summary.is_file():
-        done = json.loads(summary.read_text())
-        skipped.count, skipped.first_reason = done["count"], done["first_reason"]
-        skipped.reasons = done["reasons"]
-    else:
-        workload_lines, why_w = _read_lines(data_dir, WORKLOADS)
-        record_lines, why_r = _read_lines(data_dir, RECORDS)
-        for why in (why_w, why_r):
-            if why:
-                skipped.add("truncated file", why)
-        workloads, records, _ = clean_lines(workload_lines, record_lines, target, skipped)
-        tmp = out.with_name(out.name + f".tmp{os.getpid()}")
-        tmp.mkdir(parents=True, exist_ok=True)
-        (tmp / WORKLOADS).write_bytes(b"".join(line + b"\n" for line in workloads))
-        (tmp / RECORDS).write_bytes(b"".join(line + b"\n" for line in records))
-        (tmp / "skipped.json").write_text(json.dumps(asdict(skipped)))
-        shutil.rmtree(out, ignore_errors=True)
-        os.replace(tmp, out)
+    database = None
+    if not (out / "skipped.json").is_file():
+        _prepare(data_dir, target, out, replay=False)
+        try:
+            database = _load(out) if (out / RECORDS).stat().st_size else None
+        except Exception:
+            # TVM rebuilds every record by replaying its trace, and one bad trace fails the
+            # whole load: only then is the slower per-record replay check worth paying for.
+            _prepare(data_dir, target, out, replay=True)
+    done = json.loads((out / "skipped.json").read_text())
+    skipped.count, skipped.first_reason = done["count"], done["first_reason"]
+    skipped.reasons = done["reasons"]
     report_skipped(skipped, str(data_dir))
     if (out / RECORDS).stat().st_size == 0:
         because = (
             f"; every line was skipped, first: {skipped.first_reason}" if skipped.count else ""
         )
         raise GradtuneError(f"{data_dir}: the dataset holds no usable tuning records{because}")
+    return database if database is not None else _load(out)
+
+
+def _prepare(data_dir: Path, target: dict[str, Any] | None, out: Path, replay: bool) -> None:
+    """Write the cleaned, decompressed copy of ``data_dir`` to ``out`` (atomically)."""
+    workload_lines, why_w = _read_lines(data_dir, WORKLOADS)
+    record_lines, why_r = _read_lines(data_dir, RECORDS)
+    skipped = Skipped()
+    for why in (why_w, why_r):
+        if why:
+            skipped.add("truncated file", why)
+    workloads, records, _ = clean_lines(workload_lines, record_lines, target, skipped, replay)
+    tmp = out.with_name(out.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    (tmp / WORKLOADS).write_bytes(b"".join(line + b"\n" for line in workloads))
+    (tmp / RECORDS).write_bytes(b"".join(line + b"\n" for line in records))
+    (tmp / "skipped.json").write_text(json.dumps(asdict(skipped)))
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+
+
+def _load(folder: Path) -> Any:
+    from tvm.s_tir import meta_schedule as ms
+
     return ms.database.JSONDatabase(
-        path_workload=str(out / WORKLOADS),
-        path_tuning_record=str(out / RECORDS),
+        path_workload=str(folder / WORKLOADS),
+        path_tuning_record=str(folder / RECORDS),
         allow_missing=False,
         module_equality="structural",
     )
@@ -383,35 +438,38 @@ class DatasetStore:
     """
 
     def __init__(self, data_dir: Path, target: dict[str, Any], scratch: Path | None = None):
-        from tvm.s_tir import meta_schedule as ms
 
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.target = target
-        self.skipped = Skipped()
         workload_lines, why_w = _read_lines(self.data_dir, WORKLOADS)
         record_lines, why_r = _read_lines(self.data_dir, RECORDS)
-        for why in (why_w, why_r):
-            if why:
-                self.skipped.add("truncated file", why)
-        workloads, records, keys = clean_lines(workload_lines, record_lines, target, self.skipped)
-        report_skipped(self.skipped, str(self.data_dir))
         self.scratch = scratch or (_cache_root() / "collect" / _path_id(self.data_dir))
-        shutil.rmtree(self.scratch, ignore_errors=True)
-        self.scratch.mkdir(parents=True)
+        for replay in (False, True):  # replay each record only if TVM refuses the lines
+            self.skipped = Skipped()
+            for why in (why_w, why_r):
+                if why:
+                    self.skipped.add("truncated file", why)
+            workloads, records, keys = clean_lines(
+                workload_lines, record_lines, target, self.skipped, replay
+            )
+            shutil.rmtree(self.scratch, ignore_errors=True)
+            self.scratch.mkdir(parents=True)
+            for name, lines in ((WORKLOADS, workloads), (RECORDS, records)):
+                (self.scratch / name).write_bytes(b"".join(line + b"\n" for line in lines))
+            try:
+                self.database = _load(self.scratch)
+                break
+            except Exception:
+                if replay:
+                    raise
+        report_skipped(self.skipped, str(self.data_dir))
         for name, lines in ((WORKLOADS, workloads), (RECORDS, records)):
-            (self.scratch / name).write_bytes(b"".join(line + b"\n" for line in lines))
             _write_gz(self.data_dir / f"{name}.gz", lines)
             plain = self.data_dir / name
             if plain.exists():  # the gzip'd copy is now the dataset's one source of truth
                 plain.unlink()
         self.offsets = {name: (self.scratch / name).stat().st_size for name in (WORKLOADS, RECORDS)}
-        self.database = ms.database.JSONDatabase(
-            path_workload=str(self.scratch / WORKLOADS),
-            path_tuning_record=str(self.scratch / RECORDS),
-            allow_missing=False,
-            module_equality="structural",
-        )
         # Valid records per workload key, and their traces (to skip duplicates on resume).
         self.counts: dict[str, int] = {}
         self.traces: dict[str, set[str]] = {}
@@ -538,7 +596,7 @@ class Collector:
         self.measure = MeasureSettings(
             number=settings.number, repeat=settings.repeat, min_repeat_ms=settings.min_repeat_ms
         )
-        self.builder = PooledBuilder(max_workers=settings.builder_workers)
+        self.builder = PooledBuilder(settings.builder_workers, settings.build_timeout_sec)
         self.runner = make_rpc_runner(tracker, self.measure, max_workers=settings.rpc_servers)
 
     def close(self) -> None:
@@ -606,7 +664,7 @@ class Collector:
         )
         dry_batches = 0
         try:
-            while self.store.counts.get(info.key, 0) < goal:
+            while self.store.counts.get(info.key, 0) < goal and not STOP.is_set():
                 if state.failed >= self.settings.max_failures_per_workload:
                     break
                 candidates = ctx.search_strategy.generate_measure_candidates()
@@ -762,6 +820,7 @@ def write_manifest(
             "rpc_servers": settings.rpc_servers,
             "builder": "LocalBuilder with gradtune's fast_build",
             "builder_workers": settings.builder_workers,
+            "build_timeout_sec": settings.build_timeout_sec,
             "latency": "run_secs holds `repeat` means of `number` runs each",
         },
         "sampling": {
@@ -878,6 +937,8 @@ def collect(
         with _progress(console) as bar:
             job = bar.add_task("measuring", total=missing)
             for n, info in enumerate(workloads, 1):
+                if STOP.is_set():
+                    break
                 if time_budget is not None and time.perf_counter() - t0 > time_budget:
                     break
                 for phase, goal in plan:

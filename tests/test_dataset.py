@@ -45,24 +45,23 @@ def fleet():
 
 
 @pytest.fixture(scope="module")
-def mini_dataset(tmp_path_factory, llvm_target, fleet):
-    """A real collection: transformer tasks sampled, built and measured over a local RPC fleet."""
-    from gradtune.target import parse_target
-
+def mini_dataset(tmp_path_factory, fleet):
+    """A real collection through the CLI and its Prefect flow: transformer tasks sampled, built
+    and measured over the module's RPC fleet."""
     tmp = tmp_path_factory.mktemp("mini")
-    previous = os.environ.get("GRADTUNE_CACHE")
-    os.environ["GRADTUNE_CACHE"] = str(tmp / "cache")  # scratch copies stay in the test's tmp
     data = tmp / "data"
-    try:
-        dataset.collect(
-            data, _zoo_file(tmp), parse_target(None), MINI, tracker=fleet, max_workloads=2
-        )
-        yield data
-    finally:
-        if previous is None:
-            os.environ.pop("GRADTUNE_CACHE", None)
-        else:
-            os.environ["GRADTUNE_CACHE"] = previous
+    result = run_cli(
+        "dataset", "collect", "--out", str(data), "--zoo", str(_zoo_file(tmp)),
+        "--max-workloads", "2", "--random", str(MINI.random_per_workload),
+        "--evolutionary", str(MINI.evolutionary_per_workload),
+        "--batch-size", str(MINI.batch_size), "--builder-workers", "1",
+        "--tracker", f"{fleet.host}:{fleet.port}", "--key", fleet.key,
+        env={"GRADTUNE_CACHE": str(tmp / "cache")}, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["records"] == 8 and summary["workloads_complete"] == 2
+    return data
 
 
 def _copy(src: Path, tmp_path: Path) -> Path:
@@ -142,8 +141,10 @@ def test_collect_writes_plain_jsondatabase_manifest_and_card(mini_dataset, tmp_p
 
 
 @pytest.mark.slow
-def test_collect_resumes_measuring_only_what_is_missing(mini_dataset, fleet, tmp_path):
+def test_collect_resumes_measuring_only_what_is_missing(mini_dataset, fleet, tmp_path, monkeypatch):
     from gradtune.target import parse_target
+
+    monkeypatch.setenv("GRADTUNE_CACHE", str(tmp_path / "cache"))
 
     data = _copy(mini_dataset, tmp_path)
     before = _lines(data / f"{dataset.RECORDS}.gz")
@@ -284,9 +285,10 @@ def test_fresh_clone_dvc_pull_restores_the_dataset(tmp_path):
     for entry in listing:
         content = (clone / "data" / entry["relpath"]).read_bytes()
         assert hashlib.md5(content).hexdigest() == entry["md5"], entry["relpath"]
-    manifest = json.loads((clone / "data" / "manifest.json").read_text())
-    db = dataset.open_database(clone / "data", target=manifest["target"], cache_dir=tmp_path)
-    assert len(db.get_all_tuning_records()) > 0
+    # Byte-identical to what was pushed (above); loading thousands of records into TVM is
+    # the loader tests' business, the counts here come from the files themselves.
+    summary = dataset.summarize(clone / "data")
+    assert summary["records"] > 0 and summary["workloads_with_records"] > 0
 
 
 @pytest.mark.slow

@@ -21,13 +21,16 @@ _PKG = "tvm.s_tir.tensor_intrin"
 
 def register_tensor_intrinsics(target_kind: str) -> None:
     """Import the tensor intrinsics ``target_kind`` can use, before MetaSchedule asks for all."""
+    if target_kind != "llvm":
+        # GPU targets: everything, as TVM does; if an llvm job registered the package lazily
+        # earlier in this process, its CUDA intrinsics still have to be imported.
+        importlib.import_module(_PKG)
+        importlib.import_module(f"{_PKG}.cuda")
+        return
     if _PKG in sys.modules:
         return
     import tvm.s_tir
 
-    if target_kind != "llvm":
-        importlib.import_module(_PKG)  # GPU targets: everything, as TVM does
-        return
     pkg = types.ModuleType(_PKG)
     pkg.__path__ = [str(Path(tvm.s_tir.__file__).parent / "tensor_intrin")]
     pkg.__package__ = _PKG

@@ -30,10 +30,15 @@ def settings_from_params(params: dict) -> CollectSettings:
 
 
 def _interrupt(signum, frame):
+    """First signal: stop at the next batch boundary (records so far are on disk, the RPC fleet
+    is stopped on the normal way out). An exception raised here instead could land inside a
+    TVM call, which aborts the process and orphans the fleet. A second signal forces it."""
     from gradtune.dataset import STOP
 
-    STOP.set()  # in case the interrupt below is swallowed inside a TVM call
-    raise KeyboardInterrupt
+    if STOP.is_set():
+        raise KeyboardInterrupt
+    STOP.set()
+    logging.getLogger(__name__).warning("stopping after the current batch (signal %d)", signum)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -65,6 +70,11 @@ def main(argv: list[str] | None = None) -> int:
         return err.exit_code
     except KeyboardInterrupt:
         print("collect: interrupted; rerun to resume (measured records are kept)", file=sys.stderr)
+        return 130
+    from gradtune.dataset import STOP
+
+    if STOP.is_set():  # not complete: DVC must not record this output as the stage's result
+        print("collect: stopped; rerun to resume (measured records are kept)", file=sys.stderr)
         return 130
     done = sum(1 for w in manifest["workloads"].values() if w["records"] > 0)
     print(f"collected: {done} workloads with records; manifest {params.get('out', 'data')}")

@@ -124,20 +124,22 @@ def extract_workloads(
 def prioritize(workloads: list[WorkloadInfo]) -> list[WorkloadInfo]:
     """Round-robin over operator families, largest FLOPs first within each.
 
-    A collection capped at N workloads (or cut short) then covers every family the zoo has —
-    convolutions would otherwise crowd out softmax and norms — and the heaviest, most
+    A collection capped at N workloads (or cut short) then covers every compute family the zoo
+    has — convolutions would otherwise crowd out softmax and norms — and the heaviest, most
     schedule-sensitive kernels of each come first.
     """
     by_family: dict[str, list[WorkloadInfo]] = {}
     for info in sorted(workloads, key=lambda w: (-w.flops, w.key)):
         by_family.setdefault(family(info.kernel_class), []).append(info)
-    order = [f for f in FAMILIES if f in by_family] + [OTHER] * (OTHER in by_family)
+    order = [f for f in FAMILIES if f in by_family]
     out: list[WorkloadInfo] = []
     while any(by_family.get(f) for f in order):
         for f in order:
             if by_family.get(f):
                 out.append(by_family[f].pop(0))
-    return out
+    # Elementwise / data-movement kernels last: their design spaces hold a handful of programs
+    # (an unroll choice), so they cannot reach the per-workload goal and teach little.
+    return out + by_family.get(OTHER, [])
 
 
 FAMILIES = ("conv2d", "conv2d_transpose", "conv3d", "matmul", "softmax", "norm", "mean")
@@ -800,7 +802,7 @@ def write_manifest(
     target_config: dict[str, Any],
     settings: CollectSettings,
     started: str,
-    seconds: float,
+    seconds: float,  # collection time so far, earlier runs included
 ) -> dict[str, Any]:
     import tvm
 
@@ -832,7 +834,7 @@ def write_manifest(
         },
         "created": old.get("created", started),
         "updated": _now(),
-        "collection_seconds": round(old.get("collection_seconds", 0.0) + seconds, 1),
+        "collection_seconds": round(seconds, 1),
         "workloads": {},
     }
     for info in workloads:
@@ -894,17 +896,19 @@ def collect(
     entries = load_config(zoo_config)
     started, t0 = _now(), time.perf_counter()
     with console.status("importing the zoo and extracting tasks"):
-        workloads = prioritize(extract_workloads(entries, target))
-    if max_workloads is not None:
-        workloads = workloads[:max_workloads]
+        every = prioritize(extract_workloads(entries, target))
+    workloads = every[:max_workloads] if max_workloads is not None else every
+    selected = {w.key for w in workloads}
     console.print(
         f"{len(workloads)} distinct workloads from {sum(len(e.batches) for e in entries)} "
         f"zoo models; target {json.dumps(target_config)}"
     )
     store = DatasetStore(data_dir, target_config)
-    manifest = load_manifest(data_dir).get("workloads", {})
+    previous = load_manifest(data_dir)
+    manifest = previous.get("workloads", {})
+    spent = float(previous.get("collection_seconds", 0.0))
     progress = {}
-    for info in workloads:
+    for info in every:
         old = manifest.get(info.key, {})
         progress[info.key] = WorkloadProgress(
             valid=store.counts.get(info.key, 0),
@@ -914,9 +918,14 @@ def collect(
         )
 
     def save() -> dict[str, Any]:
+        # Every selected workload, and any other the database holds records of (an earlier,
+        # differently capped collection): the manifest describes the whole database.
+        listed = [w for w in every if w.key in selected or store.counts.get(w.key)]
+        for w in listed:
+            progress[w.key].valid = store.counts.get(w.key, 0)
         return write_manifest(
-            data_dir, workloads, progress, target_config, settings, started,
-            time.perf_counter() - t0,
+            data_dir, listed, progress, target_config, settings, started,
+            spent + time.perf_counter() - t0,
         )  # fmt: skip
 
     with contextlib.ExitStack() as stack:
@@ -929,7 +938,9 @@ def collect(
             ("evolutionary", settings.target_per_workload),
         ]
         missing = sum(
-            max(0, settings.target_per_workload - store.counts.get(w.key, 0)) for w in workloads
+            max(0, settings.target_per_workload - store.counts.get(w.key, 0))
+            for w in workloads
+            if not progress[w.key].exhausted
         )
         console.print(f"{missing} candidates to measure ({len(store.database)} already stored)")
         # Workload by workload (random, then evolutionary), in priority order: a collection cut

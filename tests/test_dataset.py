@@ -108,7 +108,10 @@ def test_workloads_deduplicated_by_structural_hash(llvm_target):
     assert sum(w.weights["transformer_encoder@b1"] for w in workloads) > len(workloads)
     assert all(str(tvm_ffi.structural_hash(w.mod)) == w.key for w in workloads)
     order = [dataset.family(w.kernel_class) for w in dataset.prioritize(workloads)]
-    assert order[0] == "matmul" and "softmax" in order[:4] and "norm" in order[:4]
+    assert order[:3] == ["matmul", "softmax", "norm"]
+    # Data movement (tiny design spaces) only after every compute kernel.
+    first_other = order.index(dataset.OTHER)
+    assert dataset.OTHER in order and set(order[first_other:]) == {dataset.OTHER}
 
 
 # --------------------------------------------------------------------------- collection

@@ -953,6 +953,8 @@ def collect(
                 if time_budget is not None and time.perf_counter() - t0 > time_budget:
                     break
                 for phase, goal in plan:
+                    if STOP.is_set():
+                        break
                     state = progress[info.key]
                     before = store.counts.get(info.key, 0)
                     if before >= goal or state.exhausted:

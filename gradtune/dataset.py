@@ -1064,7 +1064,31 @@ def summarize(data_dir: str | Path) -> dict[str, Any]:
         "hardware": manifest.get("hardware"),
         "measurement": manifest.get("measurement"),
         "collection_seconds": manifest.get("collection_seconds"),
+        "evolutionary": _evolutionary_gain(lat, manifest),
         "updated": manifest.get("updated"),
+    }
+
+
+def _evolutionary_gain(lat: dict[str, list[float]], manifest: dict[str, Any]) -> dict[str, Any]:
+    """How much the evolutionary share adds over random sampling, per workload that has both.
+
+    A workload's evolutionary phase starts only once it holds ``random_per_workload`` records,
+    so its first that many records (in file order) are the random ones, whatever restarts
+    happened in between.
+    """
+    n_random = int(manifest.get("sampling", {}).get("random_per_workload", 0) or 0)
+    ratios, best_is_evo = [], 0
+    for values in lat.values():
+        if not n_random or len(values) <= n_random:
+            continue
+        best_random, best_evo = min(values[:n_random]), min(values[n_random:])
+        ratios.append(best_random / min(best_random, best_evo))
+        best_is_evo += best_evo < best_random
+    return {
+        "workloads": len(ratios),
+        "best_found_by_evolutionary": best_is_evo,
+        "median_best_random_over_best": round(_median(ratios), 3) if ratios else None,
+        "max_best_random_over_best": round(max(ratios), 3) if ratios else None,
     }
 
 
@@ -1109,6 +1133,7 @@ def write_card(data_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
     has_plot = plot_latencies(data_dir, data_dir / "latency_spread.png")
     m = s.get("measurement") or {}
     hw = s.get("hardware") or {}
+    evo = s["evolutionary"]
     sampling = (manifest or load_manifest(data_dir)).get("sampling", {})
     lines = [
         "# gradtune TenSet-style dataset",
@@ -1154,6 +1179,15 @@ def write_card(data_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
         "| operator family | workloads | records | median latency / best |",
         "|---|---:|---:|---:|",
     ]
+    if evo["workloads"]:
+        # Records come in file order, random share first: what the evolutionary share added.
+        lines.insert(
+            lines.index("## Counts") + 4,
+            f"- Evolutionary share: the best program of {evo['best_found_by_evolutionary']} of "
+            f"{evo['workloads']} workloads came from it; the best random program is "
+            f"{evo['median_best_random_over_best']}× the best latency at the median, "
+            f"{evo['max_best_random_over_best']}× at worst.",
+        )
     for name, f in s["families"].items():
         lines.append(f"| {name} | {f['workloads']} | {f['records']} | {f['median_over_best']} |")
     lines += [""]

@@ -124,6 +124,14 @@ class Program:
     # every block with a thread-extent range (threadIdx loop keys bound there, low, high).
     allocations: list[tuple[str, list[str], int, str]] = field(default_factory=list)
     thread_checks: list[tuple[list[str], int, int]] = field(default_factory=list)
+    # GPU kernels (VerifyGPUCode counts per kernel): every thread-bound loop as (kernel, tag,
+    # extent key), the kernel being the key of its outermost thread-bound loop; and the kernel
+    # of each entry of ``allocations`` ("" outside any kernel).
+    thread_loops: list[tuple[str, str, str]] = field(default_factory=list)
+    alloc_kernels: list[str] = field(default_factory=list)
+    # Software-pipelined loops (InjectSoftwarePipeline, run by VerifyGPUCode's lowering): (loop
+    # key, stage annotation, children of the pipeline body, versions per buffer it allocates).
+    pipelines: list[tuple[str, list[int], int, dict[str, int]]] = field(default_factory=list)
     _signature: str | None = field(default=None, repr=False, compare=False)
     _store_signatures: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
@@ -321,6 +329,9 @@ class _Collector:
         self.first_order: list[str] = []
         self.allocations: list[tuple[str, list[str], int, str]] = []
         self.thread_checks: list[tuple[list[str], int, int]] = []
+        self.thread_loops: list[tuple[str, str, str]] = []
+        self.alloc_kernels: list[str] = []
+        self.pipelines: list[tuple[str, list[int], int, dict[str, int]]] = []
 
     # -- leaves --------------------------------------------------------------------------
     def leaf(self, key: str, value: int) -> str:
@@ -409,12 +420,20 @@ class _Collector:
                 info.tag = tag
             else:
                 raise ValueError(f"unable to recognize thread tag {tag}")
+            self.thread_loops.append((self.kernel() or key, info.tag, key))
         unroll = loop.annotations.get("pragma_auto_unroll_max_step")
         if unroll is not None and int(unroll) > 0:
             info.unroll_key = self.leaf(f"U:{key}", int(unroll))
+        stages = loop.annotations.get("software_pipeline_stage")
+        if stages is not None:
+            self.pipelines.append((key, [int(v) for v in stages], *_pipeline_body(loop)))
         self.nest.append((loop, info))
         self.visit(loop.body)
         self.nest.pop()
+
+    def kernel(self) -> str:
+        """The key of the outermost thread-bound loop around this point ("" if none)."""
+        return next((info.key for _, info in self.nest if info.kind == "thread"), "")
 
     def handle_alloc(self, buffer: Any) -> None:
         self.allocs[buffer.name] = (
@@ -429,6 +448,7 @@ class _Collector:
         self.allocations.append(
             (buffer.name, self.buffer_shape_keys(buffer), _bytes(buffer), scope)
         )
+        self.alloc_kernels.append(self.kernel())
 
     def visit_store(self, store: Any) -> None:
         import tvm
@@ -585,6 +605,69 @@ class _Collector:
         )
 
 
+def _buffer_uses(stmt: Any, stores: set[str], loads: set[str]) -> None:
+    t = _type(stmt)
+    if t == "BufferStore":
+        stores.add(stmt.buffer.name)
+        exprs = [*stmt.indices, stmt.value]
+    elif t == "IfThenElse":
+        exprs = [stmt.condition]
+    else:
+        exprs = []
+
+    def on(e: Any) -> None:
+        if _type(e) in _LOADS:
+            loads.add(_load_buffer(e).name)
+        for c in _children(e):
+            on(c)
+
+    for e in exprs:
+        on(e)
+    if t == "SeqStmt":
+        for c in stmt.seq:
+            _buffer_uses(c, stores, loads)
+    for attr in ("body", "block", "then_case", "else_case"):
+        child = getattr(stmt, attr, None)
+        if child is not None and _type(child) not in ("Var", "IntImm", "PrimFunc"):
+            _buffer_uses(child, stores, loads)
+
+
+def _pipeline_body(loop: Any) -> tuple[int, dict[str, int]]:
+    """(number of children, versions per buffer allocated in the pipeline) as
+    ``InjectSoftwarePipeline`` splits a pipelined loop's body: a block's body, its SeqStmt's
+    children, a nested block with a SeqStmt body flattened into its children. A buffer written
+    at stage w and read up to stage r is kept in r − w + 1 versions (multi-buffering)."""
+    body, allocs = loop.body, []
+    if _type(body) == "SBlockRealize":
+        allocs = [b.name for b in body.block.alloc_buffers]
+        body = body.block.body
+    if _type(body) != "SeqStmt":
+        return 1, {}
+    children = []
+    for child in body.seq:
+        if _type(child) == "SBlockRealize" and _type(child.block.body) == "SeqStmt":
+            allocs += [b.name for b in child.block.alloc_buffers]
+            children += list(child.block.body.seq)
+        else:
+            children.append(child)
+    stages = [int(v) for v in loop.annotations["software_pipeline_stage"]]
+    versions: dict[str, int] = {}
+    if len(stages) != len(children):
+        return len(children), versions  # the pass fails: no versions to speak of
+    uses = []
+    for child in children:
+        stores: set[str] = set()
+        loads: set[str] = set()
+        _buffer_uses(child, stores, loads)
+        uses.append((stores, loads))
+    for name in allocs:
+        writers = [stages[i] for i, (st, _) in enumerate(uses) if name in st]
+        readers = [stages[i] for i, (_, ld) in enumerate(uses) if name in ld]
+        if writers and readers:
+            versions[name] = max(1, max(readers) - min(writers) + 1)
+    return len(children), versions
+
+
 def _first_store(stmt: Any) -> str | None:
     t = _type(stmt)
     if t == "BufferStore":
@@ -635,4 +718,7 @@ def extract_program(mod: Any, is_gpu: bool = False, lowered: bool = False) -> Pr
         values=collector.values,
         allocations=collector.allocations,
         thread_checks=collector.thread_checks,
+        thread_loops=collector.thread_loops,
+        alloc_kernels=collector.alloc_kernels,
+        pipelines=collector.pipelines,
     )

@@ -123,6 +123,26 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--split", default="workload", choices=["workload", "model"])
     evaluate.add_argument("--target", default=None, help="the dataset's target (default: llvm)")
     evaluate.add_argument("--epochs", type=int, default=40)
+    evaluate.add_argument(
+        "--loss", default="both", choices=["rank", "mse", "both"], help="loss(es) of ours"
+    )
+    evaluate.add_argument("--out", default=None, help="also write costmodel_eval_<split>.md/.json")
+    pretrain = costmodel_sub.add_parser(
+        "pretrain", help="pretrain the cost model on a dataset (Prefect flow), register it"
+    )
+    pretrain.add_argument("--dataset", default="data", help="dataset directory")
+    pretrain.add_argument("--features", default="features/llvm.pt", help="features file")
+    pretrain.add_argument(
+        "--weights", default="gradtune/costmodel/weights/llvm.pt", help="where to write weights"
+    )
+    pretrain.add_argument("--loss", default="rank", choices=["rank", "mse"])
+    pretrain.add_argument("--epochs", type=int, default=40)
+    pretrain.add_argument("--reuse-features", action="store_true", help="skip featurizing")
+    pretrain.add_argument(
+        "--mlflow-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="register gradtune-costmodel-<target>@champion here",
+    )
 
     add_dataset_parser(sub)
     return parser  # fmt: skip
@@ -290,15 +310,52 @@ def cmd_symbolic(args: argparse.Namespace) -> int:
 def cmd_costmodel(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from .costmodel.evaluate import evaluate, print_table
+    if args.costmodel_command == "pretrain":
+        return cmd_pretrain(args)
+    from .costmodel.evaluate import evaluate, print_table, write_report
     from .target import make_target, parse_target
 
     console = Console(stderr=True)
     target = make_target(parse_target(args.target))
-    result = evaluate(args.dataset, args.split, target, args.epochs, console)
+    losses = ("rank", "mse") if args.loss == "both" else (args.loss,)
+    result = evaluate(args.dataset, args.split, target, args.epochs, console, losses)
     print_table(result, console)
+    if args.out:
+        console.print(f"wrote {write_report(result, args.out)}")
     keys = ("split", "ours", "xgb", "ms_mlp")
     print(json.dumps({k: result[k] for k in keys}))
+    return 0
+
+
+def cmd_pretrain(args: argparse.Namespace) -> int:
+    if args.epochs <= 0:
+        raise GradtuneError("--epochs must be positive")
+    if not args.reuse_features:
+        from .dataset import load_manifest, open_database
+
+        if not Path(args.dataset).is_dir():
+            raise GradtuneError(f"dataset directory not found: {args.dataset}")
+        # Bad or empty data is a one-line error before Prefect starts; the cleaned copy is
+        # cached by content, so the flow's own load is then cheap.
+        open_database(args.dataset, target=load_manifest(Path(args.dataset)).get("target"))
+    if args.mlflow_uri:
+        from .registry import check_tracking_uri
+
+        check_tracking_uri(args.mlflow_uri)
+    _prefect_defaults()
+    from flows.pretrain_cost_model import pretrain_cost_model
+
+    _quiet_prefect_user_errors()
+    summary = pretrain_cost_model(
+        data=args.dataset,
+        features=args.features,
+        weights=args.weights,
+        loss=args.loss,
+        epochs=args.epochs,
+        tracking_uri=args.mlflow_uri,
+        reuse_features=args.reuse_features,
+    )
+    print(json.dumps(summary))
     return 0
 
 

@@ -128,6 +128,9 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             seed=job.seed,
             on_start=on_start,
             on_round=on_round,
+            # Only a registry the user named: the default sqlite store under the job's out dir
+            # holds this job's runs, never a pretrained champion.
+            tracking_uri=job.mlflow_uri,
         )
     if result.resumed_trials:
         console.print(f"resumed: {result.resumed_trials} trials already in the database were kept")

@@ -211,10 +211,12 @@ def tune(
     seed: int = 0,
     on_start: Callable[[int], None] | None = None,
     on_round: Callable[[RoundRecord], None] | None = None,
+    tracking_uri: str | None = None,
 ) -> TuneResult:
     """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
 
     ``on_start`` gets the number of trials already in the database, ``on_round`` each batch.
+    ``tracking_uri``: the MLflow registry the gradient search takes its cost model from.
     """
     import psutil
     from tvm.s_tir import meta_schedule as ms
@@ -258,7 +260,11 @@ def tune(
     # the online cost model, so what one task measures teaches the search of the others.
     from .search.stoppable import Stoppable, StopSignal
 
-    strategy = make_strategy(search, target.kind.name) if isinstance(search, str) else search
+    strategy = (
+        make_strategy(search, target.kind.name, tracking_uri=tracking_uri)
+        if isinstance(search, str)
+        else search
+    )
     signal = StopSignal()
     if hasattr(strategy, "signal"):  # gradtune's own strategies
         strategy.signal = signal

@@ -133,29 +133,36 @@ def peers(train: list[WorkloadData]) -> dict[str, Callable[[WorkloadData], np.nd
 
 
 def evaluate(
-    data_dir: str | Path, split: str, target: Any, epochs: int = 40, console: Any = None
+    data_dir: str | Path,
+    split: str,
+    target: Any,
+    epochs: int = 40,
+    console: Any = None,
+    losses: tuple[str, ...] = ("rank", "mse"),
 ) -> dict[str, Any]:
     data_dir = Path(data_dir)
     if split not in ("workload", "model"):
         raise GradtuneError(f"--split must be workload or model, not {split!r}")
+    if not losses or any(loss not in ("rank", "mse") for loss in losses):
+        raise GradtuneError(f"losses must be rank and/or mse, not {losses!r}")
     skipped = Skipped()
     records = open_records(data_dir, skipped)
     manifest = _manifest(data_dir)
-    families = {k: v.get("kernel_class", "") for k, v in manifest.items()}
+    families = {k: v.get("kernel_class", "") for k, v in manifest.items()}  # → operator family
     data = from_records(records, target, skipped, families)
     if skipped.count and console is not None:
         console.print(f"skipped {skipped.count} records; first: {skipped.first_reason}")
     if not data:
         raise GradtuneError(f"{data_dir}: no workload with two or more usable records")
     per_model: dict[str, list[tuple[str, dict[str, float]]]] = {}
-    losses: dict[str, list[tuple[str, dict[str, float]]]] = {"rank": [], "mse": []}
+    per_loss: dict[str, list[tuple[str, dict[str, float]]]] = {loss: [] for loss in losses}
     for _, train, test in folds(data, split, manifest):
         if not test or not train:
             continue
-        for loss in losses:
+        for loss in per_loss:
             model = train_ours(train, loss, epochs)
             for d in test:
-                losses[loss].append(
+                per_loss[loss].append(
                     (d.family, group_metrics(predict(model, d.symbolic), np.asarray(d.latencies)))
                 )
         for name, score in peers(train).items():
@@ -163,7 +170,7 @@ def evaluate(
                 per_model.setdefault(name, []).append(
                     (d.family, group_metrics(score(d), np.asarray(d.latencies)))
                 )
-    summaries = {loss: summarize(rows) for loss, rows in losses.items() if rows}
+    summaries = {loss: summarize(rows) for loss, rows in per_loss.items() if rows}
     if not summaries:
         raise GradtuneError("the split left no test workloads; the dataset is too small")
     best_loss = max(summaries, key=lambda k: summaries[k]["overall"]["pairwise"])
@@ -182,6 +189,9 @@ def evaluate(
             "ms_mlp": summarize(per_model["ms_mlp"]),
         },
         "skipped": skipped.count,
+        "test_workloads": len(per_loss[best_loss]),
+        "records": sum(len(d.latencies) for d in data),
+        "workloads": len(data),
     }
     return result
 
@@ -208,3 +218,37 @@ def print_table(result: dict[str, Any], console: Any) -> None:
             )
     console.print(table)
     console.print(f"ours: {result['loss']} loss; with the other loss: {result['other_loss']}")
+
+
+def write_report(result: dict[str, Any], out_dir: str | Path) -> Path:
+    """``costmodel_eval_<split>.md`` (the table) and ``.json`` (everything) in ``out_dir``."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"costmodel_eval_{result['split']}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
+    lines = [
+        f"# Cost models on held-out workloads (split: {result['split']})",
+        "",
+        f"{result['workloads']} workloads, {result['records']} measured records; "
+        f"{result['test_workloads']} test workloads"
+        + (" (each model of the zoo held out in turn)" if result["split"] == "model" else "")
+        + f". Ours: gradtune's MLP on smooth symbolic features, {result['loss']} loss"
+        + (f" (the other loss overall: {result['other_loss']})" if result["other_loss"] else "")
+        + ". Peers: MetaSchedule's XGBModel and MLPModel on PerStoreFeature, same records.",
+        "",
+        "| family | model | workloads | pairwise | top-1 | top-5 | spearman |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
+    families = result["families"]["ours"]
+    for family in sorted(families, key=lambda f: (f == "overall", f)):
+        for model in ("ours", "xgb", "ms_mlp"):
+            m = result["families"][model].get(family, {})
+            cells = [
+                f"{m.get(k, float('nan')):.3f}" for k in ("pairwise", "top1", "top5", "spearman")
+            ]
+            name = f"**{family}**" if family == "overall" else family
+            lines.append(
+                f"| {name} | {model} | {m.get('workloads', '')} | " + " | ".join(cells) + " |"
+            )
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return stem.with_suffix(".md")

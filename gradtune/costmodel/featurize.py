@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from gradtune.dataset import family as operator_family
 from gradtune.symbolic.features import evaluate
 from gradtune.symbolic.program import extract_program
 
@@ -122,7 +123,9 @@ def from_records(
         key = str(tvm_ffi.structural_hash(mod))
         if key not in by_key:
             context = make_context(mod, target)
-            family = (families or {}).get(key) or family_of(mod)
+            # Operator family (conv2d, matmul, ...), not the whole kernel class: per-family
+            # metrics need several workloads per row.
+            family = operator_family((families or {}).get(key) or family_of(mod))
             by_key[key] = WorkloadData(key, mod, family, context)
         data = by_key[key]
         try:

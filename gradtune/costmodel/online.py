@@ -1,8 +1,9 @@
 """The cost model a tuning session uses: pretrained weights, fine-tuned on what it measures.
 
-Weights come from, in order: an explicit path; the copy bundled with the package
-(``gradtune/costmodel/weights/<target>.pt``, written by pretraining — issue 4, which also adds
-the MLflow-registered champion); otherwise a fresh initialization (logged: the first rounds
+Weights come from, in order: an explicit path; the registered champion
+(``gradtune-costmodel-<target>@champion``) when an MLflow tracking URI is configured; the copy
+bundled with the package (``gradtune/costmodel/weights/<target>.pt``, written by
+``costmodel_training.pretrain``); otherwise a fresh initialization (logged: the first rounds
 then explore blindly until measurements arrive).
 After every measured batch the model is fine-tuned for a few passes over this session's
 measurements (ranking loss within each task), which is what keeps the descent honest: it
@@ -29,10 +30,28 @@ def bundled_path(target_kind: str = "llvm") -> Path:
     return BUNDLED / f"{target_kind}.pt"
 
 
-def load_pretrained(target_kind: str = "llvm", path: str | Path | None = None) -> tuple:
+def load_pretrained(
+    target_kind: str = "llvm", path: str | Path | None = None, tracking_uri: str | None = None
+) -> tuple:
     """(model, where it came from)."""
     if path is not None:
         return mlp.load(path), str(path)
+    if tracking_uri:
+        import tempfile
+
+        from gradtune.costmodel.champion import download_champion
+        from gradtune.errors import GradtuneError
+
+        try:
+            with tempfile.TemporaryDirectory(prefix="gradtune-champion-") as tmp:
+                weights = download_champion(tracking_uri, target_kind, Path(tmp))
+                model = mlp.load(weights)
+            source = f"models:/gradtune-costmodel-{target_kind}@champion ({tracking_uri})"
+            log.info("cost model: %s", source)
+            return model, source
+        except GradtuneError as err:
+            # A registry without a champion yet is normal before the first pretraining run.
+            log.warning("%s; using the bundled cost model", err)
     if bundled_path(target_kind).is_file():
         return mlp.load(bundled_path(target_kind)), str(bundled_path(target_kind))
     log.warning("no pretrained cost model for %s: starting from random weights", target_kind)
@@ -49,8 +68,13 @@ class OnlineCostModel:
     losses: list[float] = field(default_factory=list)
 
     @classmethod
-    def default(cls, target_kind: str = "llvm", path: str | Path | None = None) -> OnlineCostModel:
-        model, source = load_pretrained(target_kind, path)
+    def default(
+        cls,
+        target_kind: str = "llvm",
+        path: str | Path | None = None,
+        tracking_uri: str | None = None,
+    ) -> OnlineCostModel:
+        model, source = load_pretrained(target_kind, path, tracking_uri)
         return cls(model=model, source=source)
 
     def observe(self, task: str, programs: list[torch.Tensor], latencies: list[float]) -> float:

@@ -1,0 +1,40 @@
+"""Flow: pretrain gradtune's cost model on the dataset (``gradtune costmodel pretrain``).
+
+dataset → smooth symbolic features → MLP weights (bundled file + provenance) → MLflow run and
+``gradtune-costmodel-<target>@champion`` when a tracking URI is given. The DVC stages
+``featurize`` and ``pretrain`` run the same code without Prefect.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prefect import flow
+
+from tasks.costmodel import featurize, pretrain, register
+
+
+@flow(name="pretrain-cost-model", log_prints=False)
+def pretrain_cost_model(
+    data: str = "data",
+    features: str = "features/llvm.pt",
+    weights: str = "gradtune/costmodel/weights/llvm.pt",
+    loss: str = "rank",
+    epochs: int = 40,
+    lr: float = 7e-4,
+    seed: int = 0,
+    tracking_uri: str | None = None,
+    reuse_features: bool = False,
+) -> dict[str, Any]:
+    from pathlib import Path
+
+    summary: dict[str, Any] = {}
+    if not (reuse_features and Path(features).is_file()):
+        summary["featurize"] = featurize(data, features)
+    info, history = pretrain(features, weights, loss, epochs, lr, seed)
+    summary.update({k: info[k] for k in ("workloads", "records", "final_loss", "train_seconds")})
+    summary["weights"] = weights
+    if tracking_uri:
+        params = {"loss": loss, "epochs": epochs, "lr": lr, "seed": seed, "data": data}
+        summary["registered"] = register(weights, tracking_uri, params, history)["registered"]
+    return summary

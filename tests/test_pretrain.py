@@ -1,0 +1,175 @@
+"""Cost-model pretraining (issue 4, part 3) on real measured records: a slice of the repo's DVC
+dataset; featurize → pretrain → MLflow champion on a real tracking server → the tuner loads it;
+the eval command; bad input skipped with a count, an empty dataset a clear error."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from gradtune.costmodel import online
+from gradtune.costmodel.model import load
+from gradtune.measure.rpc_fleet import free_port
+from tests.conftest import ROOT, http_server, run_cli
+
+DATA = ROOT / "data"
+
+
+def _gz_lines(path: Path) -> list[bytes]:
+    return [line for line in gzip.decompress(path.read_bytes()).split(b"\n") if line.strip()]
+
+
+def _write_gz(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(gzip.compress(b"".join(line + b"\n" for line in lines)))
+
+
+@pytest.fixture(scope="module")
+def small_dataset(tmp_path_factory) -> Path:
+    """The four cheapest compute workloads of the real dataset (two models at least), twelve
+    measured records each, in the dataset's own format."""
+    if not (DATA / "manifest.json").is_file():
+        pytest.fail("data/ is missing: `./run setup` pulls it from the in-repo DVC remote")
+    manifest = json.loads((DATA / "manifest.json").read_text())
+    complete = {k: w for k, w in manifest["workloads"].items() if w["records"] >= 12}
+    chosen: list[str] = []
+    for key, w in sorted(complete.items(), key=lambda kv: kv[1]["flops"]):
+        if w["flops"] > 0 and len(chosen) < 4:
+            chosen.append(key)
+    models = {m for k in chosen for m in complete[k]["models"]}
+    assert len(chosen) == 4 and len(models) >= 2, "the dataset is too small for this test"
+    workloads = [line for line in _gz_lines(DATA / "database_workload.json.gz")]
+    index = {json.loads(line)[0]: i for i, line in enumerate(workloads)}
+    new_index = {index[k]: j for j, k in enumerate(chosen)}
+    records, per = [], dict.fromkeys(new_index, 0)
+    for line in _gz_lines(DATA / "database_tuning_record.json.gz"):
+        wid, body = json.loads(line)
+        if wid in new_index and per[wid] < 12:
+            per[wid] += 1
+            records.append(json.dumps([new_index[wid], body]).encode())
+    out = tmp_path_factory.mktemp("small") / "data"
+    out.mkdir()
+    _write_gz(out / "database_workload.json.gz", [workloads[index[k]] for k in chosen])
+    _write_gz(out / "database_tuning_record.json.gz", records)
+    manifest["workloads"] = {k: manifest["workloads"][k] for k in chosen}
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    return out
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mlflow-costmodel")
+    port = free_port()
+    argv = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    with http_server(argv, uri + "/health", {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}):
+        yield uri
+
+
+def test_bundled_weights_load_and_score():
+    model, source = online.load_pretrained("llvm")
+    assert source == str(online.bundled_path("llvm")), "pretrained weights must ship"
+    info = json.loads(online.bundled_path("llvm").with_suffix(".json").read_text())
+    assert info["records"] >= 1000 and info["workloads"] >= 40
+    scores = model.score([torch.rand(3, 164), torch.rand(5, 164)])
+    assert scores.shape == (2,) and torch.isfinite(scores).all()
+
+
+@pytest.mark.slow
+def test_pretrain_flow_registers_champion_that_tuning_loads(small_dataset, mlflow_server, tmp_path):
+    import mlflow
+
+    features, weights = tmp_path / "features.pt", tmp_path / "weights" / "llvm.pt"
+    result = run_cli(
+        "costmodel", "pretrain", "--dataset", str(small_dataset), "--features", str(features),
+        "--weights", str(weights), "--epochs", "3", "--mlflow-uri", mlflow_server, timeout=600,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads(result.stdout.strip().splitlines()[-1])
+    assert summary["registered"] == "gradtune-costmodel-llvm@champion"
+    assert summary["records"] == 48 and summary["workloads"] == 4
+    assert summary["featurize"]["skipped"]["replay"] == 0
+    info = json.loads(weights.with_suffix(".json").read_text())
+    assert info["loss"] == "rank" and info["epochs"] == 3
+
+    # What the tuner starts from when a tracking server is configured: the champion's weights.
+    cost_model = online.OnlineCostModel.default("llvm", tracking_uri=mlflow_server)
+    assert "gradtune-costmodel-llvm@champion" in cost_model.source
+    ours = load(weights)
+    for a, b in zip(
+        ours.state_dict().values(), cost_model.model.state_dict().values(), strict=True
+    ):
+        assert torch.equal(a, b)
+
+    # Any MLflow client can score features with it.
+    mlflow.set_tracking_uri(mlflow_server)
+    pyfunc = mlflow.pyfunc.load_model("models:/gradtune-costmodel-llvm@champion")
+    programs = torch.load(features, weights_only=False)["workloads"][0]["programs"][:5]
+    served = pyfunc.predict([p.numpy() for p in programs])
+    np.testing.assert_allclose(served, ours.score(programs).detach().numpy(), rtol=1e-5)
+
+
+def test_no_champion_falls_back_to_bundled(tmp_path, caplog):
+    uri = f"sqlite:///{tmp_path / 'empty.db'}"
+    cost_model = online.OnlineCostModel.default("llvm", tracking_uri=uri)
+    assert cost_model.source == str(online.bundled_path("llvm"))
+    assert "no registered cost model gradtune-costmodel-llvm@champion" in caplog.text
+
+
+@pytest.mark.slow
+def test_eval_command_prints_table_and_json(small_dataset, tmp_path):
+    result = run_cli(
+        "costmodel", "eval", "--dataset", str(small_dataset), "--split", "model",
+        "--epochs", "2", "--loss", "rank", "--out", str(tmp_path), timeout=900,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    last = json.loads(result.stdout.strip().splitlines()[-1])
+    assert set(last) == {"split", "ours", "xgb", "ms_mlp"} and last["split"] == "model"
+    for name in ("ours", "xgb", "ms_mlp"):
+        assert 0.0 <= last[name]["pairwise"] <= 1.0 and last[name]["workloads"] >= 1
+    assert "pairwise" in result.stderr  # the table
+    table = (tmp_path / "costmodel_eval_model.md").read_text()
+    assert "| **overall** | ours |" in table
+
+
+def test_bad_records_are_skipped_with_a_count(small_dataset, tmp_path):
+    from costmodel_training.featurize import featurize
+
+    bad = tmp_path / "data"
+    bad.mkdir()
+    for name in ("database_workload.json.gz", "manifest.json"):
+        (bad / name).write_bytes((small_dataset / name).read_bytes())
+    lines = _gz_lines(small_dataset / "database_tuning_record.json.gz")
+    wid, body = json.loads(lines[0])
+    other_target = json.dumps([wid, [body[0], body[1], {"kind": "cuda"}, body[3]]]).encode()
+    missing_workload = json.dumps([99, body]).encode()
+    _write_gz(
+        bad / "database_tuning_record.json.gz",
+        lines[:20] + [b'[0, [[[["GetSBlock"', other_target, missing_workload],
+    )
+    result = featurize(bad)
+    assert result["records"] == 20
+    assert result["skipped"]["load"] == 3
+    assert result["skipped"]["first_reason"]
+
+
+def test_empty_or_missing_dataset_is_a_clear_error(tmp_path):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "manifest.json").write_text(json.dumps({"target": {"kind": "llvm"}}))
+    _write_gz(empty / "database_workload.json.gz", [])
+    _write_gz(empty / "database_tuning_record.json.gz", [])
+    for path in (empty, tmp_path / "missing"):
+        result = run_cli("costmodel", "pretrain", "--dataset", str(path), "--features",
+                         str(tmp_path / "f.pt"), "--weights", str(tmp_path / "w.pt"))  # fmt: skip
+        assert result.returncode == 2
+        err = result.stderr.strip().splitlines()
+        assert err[-1].startswith("gradtune: error:"), result.stderr[-2000:]
+        assert not (tmp_path / "w.pt").exists()

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import shutil
 import tempfile
 import time
@@ -27,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 MODELS = ("resnet18_like", "mobilenetv2_like", "transformer_encoder", "dcgan_like")
 SEARCHERS = ("gradient", "evolutionary")
+WEIGHTS = Path(tempfile.gettempdir()) / f"gradtune-bench-weights-{os.getpid()}.pt"
 
 
 def time_to(curve: list[tuple[float, float]], target_us: float) -> float | None:
@@ -51,7 +53,14 @@ def run_model(name: str, minutes: float, per_round: int, tracker, order: tuple, 
     for searcher in order:
         curve: list[tuple[float, float]] = []
         work_dir = work / f"{name}-{searcher}"
-        strategy = make_strategy(searcher, target.kind.name)
+        extra = {}
+        if searcher == "gradient" and WEIGHTS.is_file():
+            from gradtune.costmodel.online import OnlineCostModel
+
+            # A fresh copy of the weights snapshotted at start (online fine-tuning mutates it;
+            # a retrained bundled file mid-run must not change the experiment).
+            extra["cost_model"] = OnlineCostModel.default(target.kind.name, path=WEIGHTS)
+        strategy = make_strategy(searcher, target.kind.name, **extra)
         result = tune(
             tasks, target, work_dir, tracker, max_trials=100_000, time_budget=60 * minutes,
             search=strategy, trials_per_round=per_round,
@@ -125,6 +134,22 @@ def plot(name: str, data: dict, out: Path) -> None:
     plt.close(fig)
 
 
+def cost_model_provenance() -> dict:
+    """Which pretrained weights the gradient search started from (file hash + training data)."""
+    import hashlib
+
+    from gradtune.costmodel.online import bundled_path
+
+    path = bundled_path("llvm")
+    if not path.is_file():
+        return {"source": "random init"}
+    shutil.copyfile(path, WEIGHTS)
+    info = json.loads(path.with_suffix(".json").read_text())
+    return {"sha1": hashlib.sha1(path.read_bytes()).hexdigest()} | {
+        k: info.get(k) for k in ("workloads", "records", "loss", "epochs", "date")
+    }
+
+
 def main() -> None:
     from gradtune.measure.rpc_fleet import LocalFleet
 
@@ -133,14 +158,26 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=5.0, help="tuning budget per searcher")
     parser.add_argument("--trials-per-round", type=int, default=8)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
+    parser.add_argument(
+        "--resume", action="store_true", help="keep the models already in the results JSON"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix="gradtune-bench-"))
     raw, rows = {}, {}
+    saved = out / "search_efficiency.json"
+    if args.resume and saved.is_file():
+        kept = json.loads(saved.read_text())
+        raw = {m: kept["raw"][m] for m in args.models if m in kept.get("raw", {})}
+        rows = {m: kept["rows"][m] for m in raw}
+    meta = {"minutes": args.minutes, "trials_per_round": args.trials_per_round,
+            "cost_model": cost_model_provenance()}  # fmt: skip
     try:
         with LocalFleet() as tracker:
             for i, name in enumerate(args.models):
+                if name in raw:
+                    continue
                 order = SEARCHERS if i % 2 == 0 else SEARCHERS[::-1]
                 start = time.perf_counter()
                 raw[name] = run_model(
@@ -150,11 +187,13 @@ def main() -> None:
                 plot(name, raw[name], out / f"search_efficiency_{name}.png")
                 print(f"{name}: {json.dumps(rows[name])} ({time.perf_counter() - start:.0f} s)",
                       flush=True)  # fmt: skip
+                # After every model: an interrupted run resumes with --resume.
+                saved.write_text(json.dumps({"meta": meta, "raw": raw, "rows": rows}, indent=1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
     ratios = [r["t95_ratio"] for r in rows.values() if r["t95_ratio"] > 0]
     geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
-    (out / "search_efficiency.json").write_text(json.dumps({"raw": raw, "rows": rows}, indent=1))
+    saved.write_text(json.dumps({"meta": meta, "raw": raw, "rows": rows}, indent=1))
     lines = [
         "| model | tasks | best est. µs | t95 grad s | t95 evo s | t95 ratio (evo/grad) | "
         "µs at equal time grad / evo | e2e ms grad / evo | trials grad / evo |",
@@ -170,6 +209,10 @@ def main() -> None:
             f"{r['evolutionary_trials']} |"
         )
     lines.append(f"\ngeomean t95 ratio: {geomean}")
+    lines.append(
+        f"\nBudget {meta['minutes']} min per searcher and model, {meta['trials_per_round']} "
+        f"trials per round; gradient search's pretrained cost model: {meta['cost_model']}"
+    )
     (out / "search_efficiency.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     summary = {

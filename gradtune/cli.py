@@ -74,7 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument(
         "--search",
-        default="evolutionary",
+        default="gradient",
         help="gradient (Felix) | evolutionary | replay-trace | replay-func",
     )
     tune.add_argument(

@@ -23,7 +23,7 @@ class TuneJob:
     time_budget: float | None = None
     out: str = "runs/latest"
     resume: bool = False
-    search: str = "evolutionary"
+    search: str = "gradient"
     tracker: str | None = None  # HOST:PORT of an existing tracker; None starts a local fleet
     key: str | None = None
     mlflow_uri: str | None = None  # None: sqlite store under ``out``

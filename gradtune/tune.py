@@ -204,7 +204,7 @@ def tune(
     tracker: Tracker,
     max_trials: int,
     time_budget: float | None = None,
-    search: str | Any = "evolutionary",
+    search: str | Any = "gradient",
     trials_per_round: int | None = None,
     num_rpc_workers: int = 1,
     measure: MeasureSettings | None = None,

@@ -242,10 +242,17 @@ def report_and_register_stage(
             metrics.update(
                 search_seconds=log_entry["search_s"],
                 descent_seconds=log_entry["descent_s"],
+                measure_seconds=log_entry["measure_s"],
+                prediction_spearman=log_entry["prediction_spearman"],
                 predicted_best_score=log_entry["predicted_best"],
                 measured_batch_best_us=log_entry["measured_best_us"],
                 costmodel_finetune_loss=log_entry["finetune_loss"],
             )
+    if tuned.search_log:
+        # MLflow metrics are numbers: the per-round table (task names included) is an artifact.
+        search_rounds = job.out_dir / "search_rounds.json"
+        search_rounds.write_text(json.dumps(tuned.search_log, indent=1))
+        files = [*files, search_rounds]
     params = {
         "model": job.model, "entry": job.entry, "framework": model.framework,
         "target": job.target, "search": job.search, "trials_budget": job.trials,

@@ -127,3 +127,8 @@ def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_se
     assert "search_cost_model" in run.data.params
     history = client.get_metric_history(summary["run_id"], "search_seconds")
     assert history and all(m.value > 0 for m in history)
+    measure = client.get_metric_history(summary["run_id"], "measure_seconds")
+    assert len(measure) == len(history) and all(m.value > 0 for m in measure)
+    assert run.data.params["search_cost_model"].endswith("weights/llvm.pt")  # pretrained
+    artifacts = [a.path for a in client.list_artifacts(summary["run_id"], "report")]
+    assert "report/search_rounds.json" in artifacts

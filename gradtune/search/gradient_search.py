@@ -54,10 +54,12 @@ class GradientConfig:
 class RoundLog:
     task: str
     measured: int
-    predicted_best: float
+    predicted_best: float  # the model's score of its favourite pick (higher = faster)
     measured_best_us: float
     search_s: float
     descent_s: float
+    measure_s: float  # build + RPC run of the batch (from hand-over to results)
+    prediction_spearman: float  # predicted scores vs measured speed of this batch
     finetune_loss: float
     dropped_seeds: int
 
@@ -95,6 +97,8 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         self._last_search_s = 0.0
         self._last_descent_s = 0.0
         self._last_predicted = 0.0
+        self._pending_scores: list[float] = []
+        self._handed_over = 0.0
 
     # -- MetaSchedule interface ---------------------------------------------------------------
     def _initialize_with_tune_context(self, context: Any) -> None:
@@ -147,23 +151,32 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         if not picks:
             return None
         args_info = ms.arg_info.ArgInfo.from_prim_func(self.context.mod["main"])
-        self._pending = picks
-        return [ms.MeasureCandidate(sym.replay(d).schedule, args_info) for sym, d in picks]
+        self._pending = [(sym, d) for sym, d, _ in picks]
+        self._pending_scores = [score for _, _, score in picks]
+        self._handed_over = time.perf_counter()
+        return [ms.MeasureCandidate(sym.replay(d).schedule, args_info) for sym, d, _ in picks]
 
     def notify_runner_results(self, measure_candidates, results) -> None:
         if self.fallback is not None:
             self.fallback.notify_runner_results(measure_candidates, results)
             return
+        measure_s = time.perf_counter() - self._handed_over
         self.remaining -= len(measure_candidates)
-        programs, latencies = [], []
-        for (sym, decisions), result in zip(self._pending, results, strict=False):
+        programs, latencies, predicted, measured = [], [], [], []
+        for (sym, decisions), score, result in zip(
+            self._pending, self._pending_scores, results, strict=False
+        ):
             self.measured.add(_decision_key(decisions))
             secs = [float(s) for s in (result.run_secs or [])]
             if result.error_msg is None and secs:
+                predicted.append(score)
+                measured.append(float(np.median(secs)))
                 feats = sym.features_at(decisions, "smooth", refit=False)
                 if feats is not None and torch.isfinite(feats).all():
                     programs.append(feats.detach().to(torch.float32))
                     latencies.append(float(np.median(secs)))
+        # Scored before fine-tuning on this batch: how well the model predicted it.
+        spearman = _spearman(np.asarray(predicted), -np.asarray(measured))
         loss = self.cost_model.observe(str(self.context.task_name), programs, latencies)
         self.stats.rounds.append(
             RoundLog(
@@ -173,6 +186,8 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
                 measured_best_us=1e6 * min(latencies, default=math.inf),
                 search_s=self._last_search_s,
                 descent_s=self._last_descent_s,
+                measure_s=measure_s,
+                prediction_spearman=spearman,
                 finetune_loss=loss,
                 dropped_seeds=self.stats.nan_seeds,
             )
@@ -194,7 +209,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
                     self.measured.add(_decision_key(decisions))
                     break
 
-    def _search(self, count: int) -> list[tuple[SymbolicSketch, dict]]:
+    def _search(self, count: int) -> list[tuple[SymbolicSketch, dict, float]]:
         cfg = self.config
         model = self.cost_model.model
         start = time.perf_counter()
@@ -231,7 +246,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         self._last_descent_s = time.perf_counter() - start
         return self._pick(fresh, count)
 
-    def _pick(self, fresh: list, count: int) -> list[tuple[SymbolicSketch, dict]]:
+    def _pick(self, fresh: list, count: int) -> list[tuple[SymbolicSketch, dict, float]]:
         """Re-score every rounded candidate at its integer point; best first, plus exploration."""
         scored = []
         for sym, decisions in fresh:
@@ -260,7 +275,15 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         rest = order[count - explore :]
         chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit
         self._last_predicted = float(scores[order[0]])
-        return [(scored[i][0], scored[i][1]) for i in chosen]
+        return [(scored[i][0], scored[i][1], float(scores[i])) for i in chosen]
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation (NaN for fewer than 3 points or a constant side)."""
+    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
+        return math.nan
+    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
+    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def _decisions_of(sym: SymbolicSketch, trace: Any) -> dict | None:

@@ -64,6 +64,17 @@ def io_description(
     }
 
 
+def use_experiment(tracking_uri: str, name: str) -> None:
+    """Point MLflow at ``tracking_uri`` and experiment ``name`` (created when missing)."""
+    mlflow.set_tracking_uri(tracking_uri)
+    if tracking_uri.startswith("sqlite:///"):
+        # Keep artifacts beside the sqlite store, not in the caller's working directory.
+        artifact_root = Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts"
+        if mlflow.get_experiment_by_name(name) is None:
+            mlflow.create_experiment(name, artifact_location=artifact_root.as_uri())
+    mlflow.set_experiment(name)
+
+
 def register(
     *,
     tracking_uri: str,
@@ -81,13 +92,7 @@ def register(
     """Log the run and register the compiled model; returns run id, version, ``name@alias``."""
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(tracking_uri)
-    if tracking_uri.startswith("sqlite:///"):
-        # Keep artifacts beside the sqlite store, not in the caller's working directory.
-        artifact_root = Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts"
-        if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-            mlflow.create_experiment(EXPERIMENT, artifact_location=artifact_root.as_uri())
-    mlflow.set_experiment(EXPERIMENT)
+    use_experiment(tracking_uri, EXPERIMENT)
     io_path = work_dir / "io.json"
     io_path.write_text(json.dumps(io, indent=2))
     with mlflow.start_run(run_name=registered_name) as run:

@@ -60,6 +60,22 @@ def http_server(argv: list[str], health_url: str, env: dict | None = None):
         proc.wait(timeout=30)
 
 
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory):
+    """A real MLflow tracking server (sqlite store, proxied artifacts) on 127.0.0.1."""
+    from gradtune.measure.rpc_fleet import free_port
+
+    root = tmp_path_factory.mktemp("mlflow-server")
+    port = free_port()
+    argv = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
+            "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]  # fmt: skip
+    uri = f"http://127.0.0.1:{port}"
+    # Job execution off halves the server's memory (DESIGN.md §5).
+    with http_server(argv, uri + "/health", {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}):
+        yield uri
+
+
 @pytest.fixture(scope="session")
 def llvm_target():
     from gradtune.target import make_target, parse_target

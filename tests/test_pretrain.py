@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import gzip
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -15,8 +14,7 @@ import torch
 
 from gradtune.costmodel import online
 from gradtune.costmodel.model import load
-from gradtune.measure.rpc_fleet import free_port
-from tests.conftest import ROOT, http_server, run_cli
+from tests.conftest import ROOT, run_cli
 
 DATA = ROOT / "data"
 
@@ -59,18 +57,6 @@ def small_dataset(tmp_path_factory) -> Path:
     manifest["workloads"] = {k: manifest["workloads"][k] for k in chosen}
     (out / "manifest.json").write_text(json.dumps(manifest))
     return out
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow-costmodel")
-    port = free_port()
-    argv = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]  # fmt: skip
-    uri = f"http://127.0.0.1:{port}"
-    with http_server(argv, uri + "/health", {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}):
-        yield uri
 
 
 def test_bundled_weights_load_and_score():

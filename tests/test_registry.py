@@ -13,20 +13,7 @@ from gradtune import registry
 from gradtune.errors import GradtuneError
 from gradtune.measure.rpc_fleet import free_port
 from gradtune.partition import prepare
-from tests.conftest import http_server, run_cli
-
-
-@pytest.fixture(scope="module")
-def mlflow_server(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mlflow-server")
-    port = free_port()
-    argv = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-            "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
-            "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]  # fmt: skip
-    uri = f"http://127.0.0.1:{port}"
-    # Job execution off halves the server's memory (DESIGN.md §5).
-    with http_server(argv, uri + "/health", {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}):
-        yield uri
+from tests.conftest import run_cli
 
 
 def test_tracking_uri_checks(tmp_path):

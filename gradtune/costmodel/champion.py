@@ -40,15 +40,10 @@ def register(
     import mlflow
     from mlflow import MlflowClient
 
-    from gradtune.registry import _param, check_tracking_uri
+    from gradtune.registry import _param, check_tracking_uri, use_experiment
 
     check_tracking_uri(tracking_uri)
-    mlflow.set_tracking_uri(tracking_uri)
-    if tracking_uri.startswith("sqlite:///"):
-        root = Path(tracking_uri.removeprefix("sqlite:///")).parent / "mlartifacts"
-        if mlflow.get_experiment_by_name(EXPERIMENT) is None:
-            mlflow.create_experiment(EXPERIMENT, artifact_location=root.as_uri())
-    mlflow.set_experiment(EXPERIMENT)
+    use_experiment(tracking_uri, EXPERIMENT)
     name = registered_name(target_kind)
     with mlflow.start_run(run_name=f"pretrain-{target_kind}") as run:
         mlflow.log_params({k: _param(v) for k, v in params.items()})

@@ -104,7 +104,13 @@ def analyse(name: str, data: dict) -> dict:
         # A searcher that never got there is charged the whole budget (a lower bound).
         ratio = (e if e is not None else horizon) / (g if g is not None else horizon)
         row[f"t{pct}_ratio"] = round(ratio, 3)
+        # Which way the charged budget biases the ratio: up to "≥" when only evolutionary
+        # missed, down to "≤" when only gradient did.
+        row[f"t{pct}_bound"] = "≥" if e is None and g else "≤" if g is None and e else "="
     equal = min(data[s]["seconds"] for s in SEARCHERS)
+    # Every task must have a measurement before the estimate is finite: the curve starts at
+    # the end of the warm-up round, which caps what a time-to-X ratio can show.
+    row["warmup_s"] = {s: data[s]["curve"][0][0] if data[s]["curve"] else None for s in SEARCHERS}
     for s in SEARCHERS:
         at = [u for t, u in data[s]["curve"] if t <= equal]
         row[f"{s}_us_at_equal_time"] = round(min(at), 2) if at else None
@@ -150,6 +156,53 @@ def cost_model_provenance() -> dict:
     }
 
 
+def report(meta: dict, raw: dict, rows: dict, out: Path) -> None:
+    """Writes search_efficiency.md and prints the table, then the JSON summary line."""
+    ratios = [r["t95_ratio"] for r in rows.values() if r["t95_ratio"] > 0]
+    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
+    lines = [
+        "| model | tasks | best est. µs | warm-up s grad / evo | t95 s grad / evo | "
+        "t90 / t95 / t99 ratio (evo/grad) | µs at equal time grad / evo | "
+        "e2e ms grad / evo | trials grad / evo | search s per round (grad) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+
+    def ratio(r: dict, pct: int) -> str:
+        bound = r.get(f"t{pct}_bound", "=")
+        return f"{'' if bound == '=' else bound}{r[f't{pct}_ratio']}"
+
+    for name, r in rows.items():
+        t95, warm = r["t95"], r.get("warmup_s", {})
+        never = "never"
+        lines.append(
+            f"| {name} | {raw[name]['tasks']} | {r['best_estimated_us']} | "
+            f"{warm.get('gradient')} / {warm.get('evolutionary')} | "
+            f"{t95['gradient'] or never} / {t95['evolutionary'] or never} | "
+            f"{ratio(r, 90)} / {ratio(r, 95)} / {ratio(r, 99)} | "
+            f"{r['gradient_us_at_equal_time']} / {r['evolutionary_us_at_equal_time']} | "
+            f"{r['gradient_final_e2e_ms']} / {r['evolutionary_final_e2e_ms']} | "
+            f"{r['gradient_trials']} / {r['evolutionary_trials']} | "
+            f"{raw[name]['gradient'].get('mean_search_s')} |"
+        )
+    lines.append(f"\ngeomean t95 ratio: {geomean:.3f}" if geomean else "\ngeomean t95 ratio: -")
+    lines.append(
+        "\nA searcher that never reached the level is charged the whole budget: ≥ marks a ratio "
+        "that is a lower bound (only evolutionary missed), ≤ an upper bound (only gradient "
+        "missed). The curves start when every task has a measurement (warm-up)."
+    )
+    lines.append(
+        f"\nBudget {meta['minutes']} min per searcher and model, {meta['trials_per_round']} "
+        f"trials per round; gradient search's pretrained cost model: {meta['cost_model']}"
+    )
+    (out / "search_efficiency.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    summary = {
+        n: {k: r.get(k) for k in ("t90_ratio", "t95_ratio", "t99_ratio", "t95_bound")}
+        for n, r in rows.items()
+    }
+    print(json.dumps({"models": summary, "geomean_t95_ratio": geomean}))
+
+
 def main() -> None:
     from gradtune.measure.rpc_fleet import LocalFleet
 
@@ -161,18 +214,32 @@ def main() -> None:
     parser.add_argument(
         "--resume", action="store_true", help="keep the models already in the results JSON"
     )
+    parser.add_argument(
+        "--render", action="store_true", help="only re-analyse the saved JSON into the table"
+    )
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    saved = out / "search_efficiency.json"
+    if args.render:
+        kept = json.loads(saved.read_text())
+        rows = {name: analyse(name, data) for name, data in kept["raw"].items()}
+        report(kept["meta"], kept["raw"], rows, out)
+        return
     work = Path(tempfile.mkdtemp(prefix="gradtune-bench-"))
     raw, rows = {}, {}
-    saved = out / "search_efficiency.json"
-    if args.resume and saved.is_file():
-        kept = json.loads(saved.read_text())
-        raw = {m: kept["raw"][m] for m in args.models if m in kept.get("raw", {})}
-        rows = {m: kept["rows"][m] for m in raw}
     meta = {"minutes": args.minutes, "trials_per_round": args.trials_per_round,
             "cost_model": cost_model_provenance()}  # fmt: skip
+    if args.resume and saved.is_file():
+        kept = json.loads(saved.read_text())
+        if kept.get("meta") != meta:
+            # Models tuned under another budget or from other weights are not comparable.
+            raise SystemExit(
+                f"search_efficiency: --resume refused: {saved} was run with {kept.get('meta')}, "
+                f"this run would use {meta}"
+            )
+        raw = {m: kept["raw"][m] for m in args.models if m in kept.get("raw", {})}
+        rows = {m: kept["rows"][m] for m in raw}
     try:
         with LocalFleet() as tracker:
             for i, name in enumerate(args.models):
@@ -191,34 +258,8 @@ def main() -> None:
                 saved.write_text(json.dumps({"meta": meta, "raw": raw, "rows": rows}, indent=1))
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    ratios = [r["t95_ratio"] for r in rows.values() if r["t95_ratio"] > 0]
-    geomean = math.exp(sum(math.log(r) for r in ratios) / len(ratios)) if ratios else None
     saved.write_text(json.dumps({"meta": meta, "raw": raw, "rows": rows}, indent=1))
-    lines = [
-        "| model | tasks | best est. µs | t95 grad s | t95 evo s | t95 ratio (evo/grad) | "
-        "µs at equal time grad / evo | e2e ms grad / evo | trials grad / evo |",
-        "|---|---|---|---|---|---|---|---|---|",
-    ]
-    for name, r in rows.items():
-        t95 = r["t95"]
-        lines.append(
-            f"| {name} | {raw[name]['tasks']} | {r['best_estimated_us']} | {t95['gradient']} | "
-            f"{t95['evolutionary']} | {r['t95_ratio']} | {r['gradient_us_at_equal_time']} / "
-            f"{r['evolutionary_us_at_equal_time']} | {r['gradient_final_e2e_ms']} / "
-            f"{r['evolutionary_final_e2e_ms']} | {r['gradient_trials']} / "
-            f"{r['evolutionary_trials']} |"
-        )
-    lines.append(f"\ngeomean t95 ratio: {geomean}")
-    lines.append(
-        f"\nBudget {meta['minutes']} min per searcher and model, {meta['trials_per_round']} "
-        f"trials per round; gradient search's pretrained cost model: {meta['cost_model']}"
-    )
-    (out / "search_efficiency.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
-    summary = {
-        n: {k: r[k] for k in ("t90_ratio", "t95_ratio", "t99_ratio")} for n, r in rows.items()
-    }
-    print(json.dumps({"models": summary, "geomean_t95_ratio": geomean}))
+    report(meta, raw, rows, out)
 
 
 if __name__ == "__main__":

@@ -248,15 +248,22 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
 
     def _pick(self, fresh: list, count: int) -> list[tuple[SymbolicSketch, dict, float]]:
         """Re-score every rounded candidate at its integer point; best first, plus exploration."""
-        scored = []
+        by_sketch: dict[int, tuple[SymbolicSketch, list[dict]]] = {}
         for sym, decisions in fresh:
             probe = sym.replay(decisions)
             if probe is None or not probe.valid:  # rejected by a postprocessor or GPU limits
                 continue
-            feats = sym.features_at(decisions, "smooth", refit=False)
-            if feats is None or not torch.isfinite(feats).all():
-                continue
-            scored.append((sym, decisions, feats.to(torch.float32)))
+            by_sketch.setdefault(id(sym), (sym, []))[1].append(decisions)
+        scored = []
+        for sym, decisions in by_sketch.values():
+            # One pass over all of a sketch's candidates (their cases compiled together) rather
+            # than one evaluation per candidate: integer points encode and round back exactly.
+            points = torch.tensor(np.stack([sym.variables.encode(d) for d in decisions]))
+            with torch.no_grad():
+                feats = sym.features(points, "smooth", refit=False)
+            for d, f in zip(decisions, feats, strict=True):
+                if f is not None and torch.isfinite(f).all():
+                    scored.append((sym, d, f.to(torch.float32)))
         if not scored:
             return []
         with torch.no_grad():

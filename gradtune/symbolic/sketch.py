@@ -12,15 +12,20 @@ in ``x``; across cases they jump, which is what the rounded candidates are re-sc
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
 
-from gradtune.symbolic.features import evaluate
-from gradtune.symbolic.formulas import LeafFormula, fit_leaf
+from gradtune.symbolic.compiled import compiled, evaluate_cases
+from gradtune.symbolic.formulas import LeafFormula, fit_leaves
 from gradtune.symbolic.program import Program, extract_program
 from gradtune.symbolic.variables import CategoricalVar, SketchVariables, TileVar
 
@@ -98,19 +103,36 @@ class SymbolicSketch:
         """Apply integer decisions in TVM (cached): the case program, or None if invalid."""
         key = _decision_key(decisions)
         if key not in self._cases:
-            x = self.variables.encode(decisions)
-            # VerifyGPUCode only judges (it never rewrites): run it apart, so that a point GPU
-            # limits reject still has a program, features and a penalty to push it back.
-            checks = [p for p in self.postprocs if type(p).__name__ == "VerifyGPUCode"]
-            rewrites = [p for p in self.postprocs if p not in checks]
-            sch, applied = self.variables.decode(self.mod, x, rewrites)
+            self._cases[key] = self._apply(decisions, self.postprocs)
             self.probes += 1
-            probe = None
-            if sch is not None:
-                valid = all(bool(c.apply(sch)) for c in checks)
-                probe = Probe(applied, extract_program(sch.mod, self.is_gpu), sch, valid)
-            self._cases[key] = probe
         return self._cases[key]
+
+    def _replay_all(self, batch: list[dict[int, Any]], submit: Any = None) -> list[Probe | None]:
+        """``replay`` of every decision of ``batch``; with ``submit`` (decisions → Future of
+        the probe), the uncached ones run concurrently: TVM releases the GIL."""
+        if submit is None:
+            return [self.replay(decisions) for decisions in batch]
+        keys = [_decision_key(decisions) for decisions in batch]
+        jobs: dict[tuple, Any] = {}
+        for key, decisions in zip(keys, batch, strict=True):
+            if key not in self._cases and key not in jobs:
+                jobs[key] = submit(decisions)
+        for key, job in jobs.items():  # in the order one thread would have replayed them
+            self._cases[key] = job.result()
+            self.probes += 1
+        return [self._cases[key] for key in keys]
+
+    def _apply(self, decisions: dict[int, Any], postprocs: list[Any]) -> Probe | None:
+        x = self.variables.encode(decisions)
+        # VerifyGPUCode only judges (it never rewrites): run it apart, so that a point GPU
+        # limits reject still has a program, features and a penalty to push it back.
+        checks = [p for p in postprocs if type(p).__name__ == "VerifyGPUCode"]
+        rewrites = [p for p in postprocs if p not in checks]
+        sch, applied = self.variables.decode(self.mod, x, rewrites)
+        if sch is None:
+            return None
+        valid = all(bool(c.apply(sch)) for c in checks)
+        return Probe(applied, extract_program(sch.mod, self.is_gpu), sch, valid)
 
     def random_decisions(self, rng: np.random.Generator) -> dict[int, Any]:
         """Random decisions inside the constraint region: on GPU, a random point pulled into
@@ -143,34 +165,71 @@ class SymbolicSketch:
         rng: np.random.Generator | None = None,
         min_probes: int = 24,
         target: Any = None,
+        threads: int | None = None,
     ) -> SymbolicSketch:
-        """Variables from the sketch's trace, then leaf formulas fitted on random probes."""
+        """Variables from the sketch's trace, then leaf formulas fitted on random probes.
+
+        The probes are applied in TVM on ``threads`` threads (default: one per core, at most
+        8), which changes nothing but the time: the same decisions are drawn in the same order,
+        and each probe is the same program whichever thread applied it."""
         rng = rng or np.random.default_rng(0)
         sym = cls(mod, SketchVariables.from_trace(sketch_trace), postprocs, is_gpu, target)
         wanted = max(min_probes, 2 * (sym.n_factors + 1) + 4)
         probes = [sym.replay(sym.variables.sketch_decisions())]
         attempts = 0
-        while len([p for p in probes if p]) < wanted and attempts < 4 * wanted:
-            probes.append(sym.replay(sym.random_decisions(rng)))
-            attempts += 1
+        threads = threads or min(8, os.cpu_count() or 1)
+        local = threading.local()
+
+        def apply(decisions: dict[int, Any]) -> Probe | None:
+            # Postprocessors may keep state between calls: one copy per thread, as
+            # MetaSchedule's own threaded trace application does.
+            if not hasattr(local, "postprocs"):
+                local.postprocs = [p.clone() for p in postprocs]
+            return sym._apply(decisions, local.postprocs)
+
+        with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
+            submit = functools.partial(pool.submit, apply) if pool else None
+            while (valid := sum(p is not None for p in probes)) < wanted and attempts < 4 * wanted:
+                # As many draws as probes still missing: one thread would make all of them
+                # before it could stop, so the draws and their order are as sequential.
+                draws = min(wanted - valid, 4 * wanted - attempts)
+                batch = [sym.random_decisions(rng) for _ in range(draws)]
+                probes += sym._replay_all(batch, submit)
+                attempts += draws
         sym.fit([p for p in probes if p is not None])
         return sym
 
     def fit(self, probes: list[Probe]) -> None:
-        observed: dict[str, list[tuple[np.ndarray, np.ndarray, int]]] = {}
-        for probe in probes:
-            log_f, cats = self.columns(probe.decisions)
-            for key, value in probe.program.values.items():
-                observed.setdefault(key, []).append((log_f, cats, value))
+        columns = [self.columns(probe.decisions) for probe in probes]
+        observed: dict[str, list[int]] = {}  # leaf → the probes (positions) it appears in
+        for n, probe in enumerate(probes):
+            for key in probe.program.values:
+                observed.setdefault(key, []).append(n)
+        # Leaves seen in the same probes share one design matrix: fit them together.
+        groups: dict[tuple[int, ...], list[str]] = {}
         for key, rows in observed.items():
-            log_f = np.stack([r[0] for r in rows])
-            cats = np.stack([r[1] for r in rows])
-            values = np.asarray([r[2] for r in rows], dtype=float)
-            formula = fit_leaf(log_f, cats, values)
-            if formula is not None and not _overdetermined(formula, log_f, len(rows)):
-                # Too few probes to tell a closed form from a coincidence: leave the leaf to
-                # the per-case fit.
-                continue
+            groups.setdefault(tuple(rows), []).append(key)
+        fitted: dict[str, LeafFormula | None] = {}
+        designs: dict[tuple[int, ...], np.ndarray] = {}
+        for rows, keys in groups.items():
+            log_f = designs[rows] = np.stack([columns[n][0] for n in rows])
+            cats = np.stack([columns[n][1] for n in rows])
+            values = np.asarray(
+                [[probes[n].program.values[key] for key in keys] for n in rows], dtype=float
+            ).reshape(len(rows), len(keys))
+            fitted.update(zip(keys, fit_leaves(log_f, cats, values), strict=True))
+        # _overdetermined depends only on the probes and the formula's kind: once per pair.
+        pinned: dict[tuple[tuple[int, ...], str], bool] = {}
+        for key, rows in observed.items():
+            formula = fitted[key]
+            if formula is not None:
+                group = (tuple(rows), formula.kind)
+                if group not in pinned:
+                    pinned[group] = _overdetermined(formula, designs[group[0]], len(rows))
+                if not pinned[group]:
+                    # Too few probes to tell a closed form from a coincidence: leave the leaf
+                    # to the per-case fit.
+                    continue
             if formula is None:
                 self.unsupported[key] = f"no closed form fits its {len(rows)} probes"
                 self.formulas.pop(key, None)
@@ -238,23 +297,35 @@ class SymbolicSketch:
                         same.append(other)
                         nxt.append(other.decisions)
             frontier = nxt
-        local: dict[str, LeafFormula] = {}
+        # Leaves to refit, by pool: those sharing neighbours are fitted together.
+        designs: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
+        refits: dict[tuple[int, ...], tuple[list[Probe], list[str]]] = {}
         for key in program.values:
             pool = self._pool(key, program, same, tried)
             if not pool:
                 continue
-            cols = [self.columns(o.decisions) for o in pool]
-            log_f = np.stack([c[0] for c in cols])
-            cats = np.stack([c[1] for c in cols])
-            values = np.asarray([o.program.values[key] for o in pool], dtype=float)
+            ident = tuple(id(o) for o in pool)
+            if ident not in designs:
+                cols = [self.columns(o.decisions) for o in pool]
+                designs[ident] = (np.stack([c[0] for c in cols]), np.stack([c[1] for c in cols]))
+            log_f, cats = designs[ident]
             formula = self.formulas.get(key)
             if formula is not None:
+                values = np.asarray([o.program.values[key] for o in pool], dtype=float)
                 got = formula.evaluate(torch.as_tensor(log_f), torch.as_tensor(cats)).numpy()
                 if np.allclose(got, values, rtol=1e-9, atol=1e-9):
                     continue
-            refit = fit_leaf(log_f, cats, values)
-            if refit is not None and _overdetermined(refit, log_f, len(pool), margin=1):
-                local[key] = refit
+            refits.setdefault(ident, (pool, []))[1].append(key)
+        found: dict[str, LeafFormula] = {}
+        for ident, (pool, keys) in refits.items():
+            log_f, cats = designs[ident]
+            values = np.asarray(
+                [[o.program.values[key] for key in keys] for o in pool], dtype=float
+            ).reshape(len(pool), len(keys))
+            for key, refit in zip(keys, fit_leaves(log_f, cats, values), strict=True):
+                if refit is not None and _overdetermined(refit, log_f, len(pool), margin=1):
+                    found[key] = refit
+        local = {key: found[key] for key in program.values if key in found}
         if local:
             self.local_fits += 1
         self._case_formulas[signature] = local
@@ -354,33 +425,38 @@ class SymbolicSketch:
         log_f, cats = self.columns(probe.decisions)
         log_t = torch.as_tensor(log_f, dtype=torch.float64)[None]
         cat_t = torch.as_tensor(cats, dtype=torch.float64)[None]
-        leaves = self.leaves(probe.program, log_t, cat_t, point_values=not refit)
-        return evaluate(probe.program, leaves, mode)[0]
+        case = compiled(probe.program, self._bank(probe.program, not refit))
+        return evaluate_cases([case], log_t, cat_t, mode)[0]
 
     def features(
         self, x: torch.Tensor, mode: str = "smooth", refit: bool = True
     ) -> list[torch.Tensor | None]:
         """Per point of ``x`` (batch, dim): (stores, 164) features, differentiable in ``x``;
-        None where the rounded point is invalid. Points sharing a case are evaluated together.
+        None where the rounded point is invalid. All points are evaluated together, in one
+        pass over their cases (``compiled.evaluate_cases``).
 
         ``refit=False`` is the search's fast path: a new case costs one TVM replay instead of
         its neighbourhood; sketch-wide formulas are trusted and leaves without one take their
         value at the rounded point (exact there, constant around it)."""
         log_f, cats = self.continuous_columns(x)
-        groups: dict[int, tuple[Probe, list[int]]] = {}
+        probes: list[tuple[int, Probe]] = []
         out: list[torch.Tensor | None] = [None] * x.shape[0]
-        for i in range(x.shape[0]):
-            probe = self.replay(self.variables.round(x[i].detach().numpy()))
+        for i, row in enumerate(x.detach().numpy()):
+            probe = self.replay(self.variables.round(row))
             if probe is not None:
                 if refit:
                     self.fit_case(probe)
-                groups.setdefault(id(probe.program), (probe, []))[1].append(i)
-        for probe, idx in groups.values():
-            sel = torch.tensor(idx)
-            leaves = self.leaves(probe.program, log_f[sel], cats[sel], point_values=not refit)
-            values = evaluate(probe.program, leaves, mode)
-            for j, i in enumerate(idx):
-                out[i] = values[j]
+                probes.append((i, probe))
+        if not probes:
+            return out
+        # Every case's fit is done before any bank is built from it (as in fit_case's order).
+        cases = [compiled(p.program, self._bank(p.program, not refit)) for _, p in probes]
+        idx = [i for i, _ in probes]
+        if len(idx) < x.shape[0]:
+            log_f, cats = log_f[idx], cats[idx]
+        # All points in one pass, whatever their cases (compiled.evaluate_cases).
+        for i, values in zip(idx, evaluate_cases(cases, log_f, cats, mode), strict=True):
+            out[i] = values
         return out
 
     def penalties(self, x: torch.Tensor) -> torch.Tensor:

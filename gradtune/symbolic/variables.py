@@ -15,6 +15,8 @@ from the applied schedule's trace instead of trusting its own.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,6 +24,12 @@ import numpy as np
 
 
 def prime_factors(n: int) -> dict[int, int]:
+    return dict(_prime_factors(n))
+
+
+@functools.lru_cache(maxsize=4096)
+def _prime_factors(n: int) -> dict[int, int]:
+    """Shared between callers (never mutate it): every probe encodes the same few factors."""
     factors: dict[int, int] = {}
     p = 2
     while p * p <= n:
@@ -51,28 +59,34 @@ class TileVar:
 
     def round(self, x: np.ndarray) -> list[int]:
         """Real exponents (inner factors × primes) → a perfect tiling, outer factor first."""
-        exps = np.clip(np.rint(x.reshape(self.n - 1, len(self.primes))), 0, None).astype(int)
+        exps = np.maximum(np.rint(x.reshape(self.n - 1, len(self.primes))), 0).astype(int)
+        if exps.size and exps.min() < 0:
+            # Non-finite or huge x wraps to negative ints: fail as numpy's int power did.
+            raise ValueError("Integers to negative integer powers are not allowed.")
+        # Plain ints from here: numpy's per-call overhead dominates on arrays this small.
+        rows = exps.tolist()
         for j, total in enumerate(self.totals):
             # Over budget: take exponents back from the largest inner factor first.
-            while exps[:, j].sum() > total:
-                exps[int(np.argmax(exps[:, j])), j] -= 1
-        inner = [
-            int(np.prod([p**e for p, e in zip(self.primes, row, strict=True)])) for row in exps
-        ]
+            column = [row[j] for row in rows]
+            while sum(column) > total:
+                i = column.index(max(column))
+                rows[i][j] -= 1
+                column[i] -= 1
+        inner = [math.prod(p**e for p, e in zip(self.primes, row, strict=True)) for row in rows]
         if self.max_innermost > 0:
             # Innermost too large: move its largest primes to the outer factor.
-            row = exps[-1]
+            row = rows[-1]
             while inner[-1] > self.max_innermost:
                 j = max(
                     (j for j in range(len(self.primes)) if row[j] > 0), key=lambda j: self.primes[j]
                 )
                 row[j] -= 1
                 inner[-1] //= self.primes[j]
-        outer = self.extent // int(np.prod(inner))
+        outer = self.extent // math.prod(inner)
         return [outer, *inner]
 
     def encode(self, factors: list[int]) -> np.ndarray:
-        exps = [[prime_factors(f).get(p, 0) for p in self.primes] for f in factors[1:]]
+        exps = [[_prime_factors(f).get(p, 0) for p in self.primes] for f in factors[1:]]
         return np.asarray(exps, dtype=float).reshape(-1)
 
 
@@ -105,6 +119,8 @@ class SketchVariables:
     trace: Any  # the sketch's trace (decisions as sampled when the space was generated)
     tiles: list[TileVar]
     categoricals: list[CategoricalVar]
+    # The trace's sampling instructions, read once: every probe's decode needs them.
+    _insts: list[Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     @classmethod
     def from_trace(cls, trace: Any) -> SketchVariables:
@@ -128,6 +144,12 @@ class SketchVariables:
             elif name == "SampleCategorical":
                 cats.append(CategoricalVar(index=i, candidates=[int(c) for c in inst.attrs[0]]))
         return cls(trace=trace, tiles=tiles, categoricals=cats)
+
+    @property
+    def sampling_insts(self) -> list[Any]:
+        if self._insts is None:
+            self._insts = _sampling_insts(self.trace)
+        return self._insts
 
     @property
     def variables(self) -> list[TileVar | CategoricalVar]:
@@ -157,7 +179,7 @@ class SketchVariables:
 
     def sketch_decisions(self) -> dict[int, Any]:
         """The decisions the sketch was generated with, in ``round``'s format."""
-        insts = _sampling_insts(self.trace)
+        insts = self.sampling_insts
         out: dict[int, Any] = {}
         for var in self.variables:
             value = self.trace.decisions[insts[var.index]]
@@ -181,7 +203,7 @@ class SketchVariables:
         import tvm
 
         decisions = self.round(x)
-        insts = _sampling_insts(self.trace)
+        insts = self.sampling_insts
         trace = self.trace
         for index, value in decisions.items():
             trace = trace.with_decision(insts[index], value, remove_postproc=True)

@@ -35,12 +35,14 @@ log = logging.getLogger("gradtune.search")
 
 @dataclass
 class GradientConfig:
-    """Felix used nSeeds 8, nSteps 200, nMeasure 16 on GPUs. Here one Adam step over a
-    sketch's seeds costs ~150 ms on this CPU (autograd through the feature formulas, plus a TVM
-    replay for every new case), while a round's build + RPC run of 8 candidates is ~8 s; 200
-    steps would triple a round. 16 steps of lr 0.5 (Felix's ×0.2 decay at 30%) move a
-    variable by up to ~3 in log2 space (a factor of 9) from its seed, and the seeds are spread
-    over the whole region. nMeasure is the task scheduler's batch (``trials_per_round``)."""
+    """Felix used nSeeds 8, nSteps 200, nMeasure 16 on GPUs. When these were chosen one Adam
+    step over a sketch's seeds cost ~150 ms on this CPU (autograd through the feature formulas,
+    plus a TVM replay for every new case), while a round's build + RPC run of 8 candidates is
+    ~8 s; 200 steps would have tripled a round. 16 steps of lr 0.5 (Felix's ×0.2 decay at 30%)
+    move a variable by up to ~3 in log2 space (a factor of 9) from its seed, and the seeds are
+    spread over the whole region. nMeasure is the task scheduler's batch (``trials_per_round``).
+    Since the compiled evaluator a step costs a few ms plus the replays of new cases (a whole
+    round's search ~2–3.5 s on the benchmark models): more steps are affordable now, untested."""
 
     seeds: int = 8
     steps: int = 16

@@ -27,7 +27,7 @@ import torch
 from gradtune.symbolic.compiled import compiled, evaluate_cases
 from gradtune.symbolic.formulas import LeafFormula, fit_leaves
 from gradtune.symbolic.program import Program, extract_program
-from gradtune.symbolic.variables import CategoricalVar, SketchVariables, TileVar
+from gradtune.symbolic.variables import SketchVariables, TileVar
 
 
 def _decision_key(decisions: dict[int, Any]) -> tuple:
@@ -79,24 +79,65 @@ class SymbolicSketch:
         cats = [c.candidates[decisions[c.index]] for c in self.variables.categoricals]
         return np.asarray(logs, dtype=float), np.asarray(cats, dtype=float)
 
+    @functools.cached_property
+    def _linear(self) -> dict[str, torch.Tensor]:
+        """Everything of ``x`` that is linear in it, as matrices: the log inner tile factors
+        (Σ exponent · log prime), the categoricals' positions, and every constraint of the
+        region, g(x) = A·x − b ≤ 0 (exponents ≥ 0, each prime's exponents within the extent's,
+        log2 innermost factor ≤ log2 max_innermost_factor, categoricals within their candidates).
+        One matmul per batch then replaces a loop of small ops per variable, on the search's
+        hot path (every Adam step)."""
+        dim = self.variables.dim
+        log_cols: list[np.ndarray] = []
+        cat_idx: list[int] = []
+        rows: list[np.ndarray] = []
+        bounds: list[float] = []
+
+        def row(entries: dict[int, float], bound: float) -> None:
+            a = np.zeros(dim)
+            for k, v in entries.items():
+                a[k] = v
+            rows.append(a)
+            bounds.append(bound)
+
+        offset = 0
+        for var in self.variables.variables:
+            if isinstance(var, TileVar):
+                width = len(var.primes)
+                index = [[offset + i * width + j for j in range(width)] for i in range(var.n - 1)]
+                for factor in index:
+                    col = np.zeros(dim)  # an extent-1 tile has no primes: log factor 0
+                    col[factor] = [math.log(p) for p in var.primes]
+                    log_cols.append(col)
+                    for k in factor:
+                        row({k: -1.0}, 0.0)
+                for j, total in enumerate(var.totals):
+                    row({factor[j]: 1.0 for factor in index}, float(total))
+                if var.max_innermost > 0 and width:
+                    inner = {k: math.log2(p) for k, p in zip(index[-1], var.primes, strict=True)}
+                    row(inner, math.log2(var.max_innermost))
+            else:
+                cat_idx.append(offset)
+                row({offset: -1.0}, -math.log2(1 + min(var.candidates)))
+                row({offset: 1.0}, math.log2(1 + max(var.candidates)))
+            offset += var.size
+
+        def matrix(vectors: list[np.ndarray]) -> torch.Tensor:
+            return torch.as_tensor(np.stack(vectors, 1) if vectors else np.zeros((dim, 0)))
+
+        return {
+            "log_f": matrix(log_cols),  # (dim, F)
+            "cat_idx": torch.as_tensor(cat_idx, dtype=torch.long),
+            "a": matrix(rows),  # (dim, constraints)
+            "b": torch.as_tensor(bounds, dtype=torch.float64),
+        }
+
     def continuous_columns(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The same columns as differentiable functions of continuous points (batch, dim)."""
-        logs, cats, offset = [], [], 0
-        for var in self.variables.variables:
-            part = x[:, offset : offset + var.size]
-            offset += var.size
-            if isinstance(var, TileVar) and not var.primes:
-                logs.append(torch.zeros((x.shape[0], var.n - 1), dtype=x.dtype))  # extent 1
-            elif isinstance(var, TileVar):
-                log_primes = torch.tensor([math.log(p) for p in var.primes], dtype=x.dtype)
-                exps = part.reshape(-1, var.n - 1, len(var.primes))
-                logs.append(exps @ log_primes)  # (batch, n − 1)
-            else:
-                cats.append(torch.exp2(part[:, 0]) - 1.0)
-        batch = x.shape[0]
-        log_f = torch.cat(logs, 1) if logs else torch.zeros((batch, 0), dtype=x.dtype)
-        cat_t = torch.stack(cats, 1) if cats else torch.zeros((batch, 0), dtype=x.dtype)
-        return log_f, cat_t
+        lin = self._linear
+        log_f = x @ lin["log_f"].to(x.dtype)
+        cats = torch.exp2(x[:, lin["cat_idx"]]) - 1.0
+        return log_f, cats
 
     # -- probing ------------------------------------------------------------------------------
     def replay(self, decisions: dict[int, Any]) -> Probe | None:
@@ -460,28 +501,10 @@ class SymbolicSketch:
         return out
 
     def penalties(self, x: torch.Tensor) -> torch.Tensor:
-        """Σ relu(g(x))² over the constraints g ≤ 0 of the region where points round validly:
-        exponents ≥ 0, each prime's exponents within the extent's, innermost factor within
-        ``max_innermost_factor``, categoricals within their candidates (batch,)."""
-        total = torch.zeros(x.shape[0], dtype=x.dtype)
-        offset = 0
-        for var in self.variables.variables:
-            part = x[:, offset : offset + var.size]
-            offset += var.size
-            if isinstance(var, TileVar) and var.primes:
-                exps = part.reshape(-1, var.n - 1, len(var.primes))
-                total = total + torch.relu(-exps).pow(2).sum((1, 2))
-                budget = torch.tensor(var.totals, dtype=x.dtype)
-                total = total + torch.relu(exps.sum(1) - budget).pow(2).sum(1)
-                if var.max_innermost > 0:
-                    log_primes = torch.tensor([math.log2(p) for p in var.primes], dtype=x.dtype)
-                    inner = exps[:, -1] @ log_primes
-                    total = total + torch.relu(inner - math.log2(var.max_innermost)).pow(2)
-            elif isinstance(var, CategoricalVar):
-                lo = math.log2(1 + min(var.candidates))
-                hi = math.log2(1 + max(var.candidates))
-                total = total + torch.relu(lo - part[:, 0]).pow(2)
-                total = total + torch.relu(part[:, 0] - hi).pow(2)
+        """Σ relu(g(x))² over the constraints g ≤ 0 of the region where points round validly
+        (``_linear``), plus the GPU limits on GPU targets (batch,)."""
+        lin = self._linear
+        total = torch.relu(x @ lin["a"].to(x.dtype) - lin["b"].to(x.dtype)).pow(2).sum(1)
         if self.is_gpu and self.target is not None:
             total = total + self._gpu_penalties(x)
         return total

@@ -131,7 +131,8 @@ def _make_progress_callback(
             )
             result.rounds.append(record)
             failed = len(runner_results) - len(batch)
-            if failed == len(runner_results):
+            # An empty batch (a trivial design space, all of it measured) is not a failure.
+            if runner_results and failed == len(runner_results):
                 first = next(
                     (
                         r.error_msg

@@ -34,6 +34,7 @@ from gradtune.symbolic.features import (
     BUFFERS_PER_STORE,
     CURVE_SAMPLES,
     FEATURES,
+    curve_at,
     slog,
     smooth_max,
     smooth_min,
@@ -577,13 +578,7 @@ def evaluate_cases(
     reached = compute.detach()[:, :, None, :] >= (cur.detach()[..., None] - 1e-4)
     reached = reached & t["level_on"][:, :, None, :]
     p = torch.argmax(reached.to(torch.int64), -1)
-    q = (p - 1).clamp(min=0)
-    c_p, m_p = compute.gather(2, p), memory.gather(2, p)
-    c_q, m_q = compute.gather(2, q), memory.gather(2, q)
-    base = c_q / m_q
-    denom = torch.where(p == 0, torch.ones_like(c_p), c_p - c_q)
-    slope = (c_p / m_p - base) / denom
-    curve = torch.where(p == 0, c_p / m_p, base + slope * (cur - c_q))
+    curve = curve_at(compute, memory, cur, p, 2)
 
     # Groups 1, 4, 5: products and quotients of products.
     num, mul, den = _take(products, t["raw"]).unbind(-1)

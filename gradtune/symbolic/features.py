@@ -274,11 +274,18 @@ def _intensity_curve(
     # The first level whose compute reaches each sample: a segment choice, no gradient.
     reached = compute_t.detach()[None] >= (cur.detach()[:, None] - 1e-4)  # (samples, levels, b)
     p = torch.argmax(reached.to(torch.int64), 1)  # (samples, batch)
+    return slog(curve_at(compute_t, memory_t, cur, p, 0)).T
+
+
+def curve_at(
+    compute: torch.Tensor, memory: torch.Tensor, cur: torch.Tensor, p: torch.Tensor, dim: int
+) -> torch.Tensor:
+    """FLOPs per byte at ``cur`` FLOPs, interpolated on the segment of loop levels ending at
+    ``p`` (indices along ``dim``): what the C++ samples the arithmetic-intensity curve with."""
     q = (p - 1).clamp(min=0)
-    c_p, m_p = compute_t.gather(0, p), memory_t.gather(0, p)
-    c_q, m_q = compute_t.gather(0, q), memory_t.gather(0, q)
+    c_p, m_p = compute.gather(dim, p), memory.gather(dim, p)
+    c_q, m_q = compute.gather(dim, q), memory.gather(dim, q)
     base = c_q / m_q
     denom = torch.where(p == 0, torch.ones_like(c_p), c_p - c_q)
     slope = (c_p / m_p - base) / denom
-    value = torch.where(p == 0, c_p / m_p, base + slope * (cur - c_q))
-    return slog(value).T
+    return torch.where(p == 0, c_p / m_p, base + slope * (cur - c_q))

@@ -29,6 +29,7 @@ from tvm.s_tir import meta_schedule as ms
 from gradtune.costmodel.online import OnlineCostModel
 from gradtune.search.stoppable import StopSignal
 from gradtune.symbolic.sketch import SymbolicSketch, _decision_key
+from gradtune.symbolic.variables import sampling_insts_of
 
 log = logging.getLogger("gradtune.search")
 
@@ -297,8 +298,8 @@ def _spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 def _decisions_of(sym: SymbolicSketch, trace: Any) -> dict | None:
     """A measured trace's decisions in ``sym``'s format, if the trace is of this sketch."""
-    insts = [i for i in trace.insts if i.kind.name.startswith("Sample")]
-    mine = [i for i in sym.variables.trace.insts if i.kind.name.startswith("Sample")]
+    insts = sampling_insts_of(trace)
+    mine = sym.variables.sampling_insts
     if [i.kind.name for i in insts] != [i.kind.name for i in mine]:
         return None
     out = {}

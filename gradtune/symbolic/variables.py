@@ -108,7 +108,8 @@ class CategoricalVar:
         return np.asarray([np.log2(1.0 + self.candidates[choice])])
 
 
-def _sampling_insts(trace: Any) -> list[Any]:
+def sampling_insts_of(trace: Any) -> list[Any]:
+    """The trace's sampling instructions, in order: the positions decisions are keyed by."""
     return [inst for inst in trace.insts if inst.kind.name.startswith("Sample")]
 
 
@@ -125,7 +126,7 @@ class SketchVariables:
     @classmethod
     def from_trace(cls, trace: Any) -> SketchVariables:
         tiles, cats = [], []
-        for i, inst in enumerate(_sampling_insts(trace)):
+        for i, inst in enumerate(sampling_insts_of(trace)):
             name = inst.kind.name
             if name == "SamplePerfectTile":
                 decision = [int(v) for v in trace.decisions[inst]]
@@ -148,7 +149,7 @@ class SketchVariables:
     @property
     def sampling_insts(self) -> list[Any]:
         if self._insts is None:
-            self._insts = _sampling_insts(self.trace)
+            self._insts = sampling_insts_of(self.trace)
         return self._insts
 
     @property

@@ -100,7 +100,7 @@ def _make_progress_callback(
     start: float,
     time_budget: float | None,
     on_round: Callable[[RoundRecord], None] | None,
-    signal: Any,  # search.stoppable.StopSignal
+    stop: Any,  # search.stoppable.StopSignal
 ):
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
@@ -148,7 +148,7 @@ def _make_progress_callback(
                 result.stopped_by_time_budget = True
                 # Every strategy now answers "no more candidates", so the scheduler terminates
                 # each task itself and joins what is in flight (see search/stoppable.py).
-                signal.set()
+                stop.set()
 
     return ProgressCallback()
 
@@ -163,8 +163,16 @@ def estimate_model_us(tasks: list[TuningTask], best_us: dict[str, float]) -> flo
     return total
 
 
-def _watch_sigint() -> tuple[Callable[[], bool], Callable[[], None]]:
-    """Record Ctrl-C (then behave as before); returns (was_interrupted, restore)."""
+def _watch_sigint(
+    on_interrupt: Callable[[], None] = lambda: None,
+) -> tuple[Callable[[], bool], Callable[[], None]]:
+    """Record Ctrl-C, call ``on_interrupt``, then behave as before; returns (seen, restore).
+
+    The KeyboardInterrupt alone is not enough: raised inside a Python callback that TVM calls,
+    it crosses the FFI as an ordinary error, and code that tolerates errors per candidate (a
+    failed build, an unmodelled sketch) can swallow it and tune on to the end. ``on_interrupt``
+    gives the run a second, unswallowable way to stop.
+    """
     seen = threading.Event()
     if threading.current_thread() is not threading.main_thread():
         return seen.is_set, lambda: None
@@ -172,6 +180,7 @@ def _watch_sigint() -> tuple[Callable[[], bool], Callable[[], None]]:
 
     def handler(signum, frame):
         seen.set()
+        on_interrupt()
         if callable(previous):
             previous(signum, frame)
         else:
@@ -266,11 +275,11 @@ def tune(
         if isinstance(search, str)
         else search
     )
-    signal = StopSignal()
+    stop = StopSignal()
     if hasattr(strategy, "signal"):  # gradtune's own strategies
-        strategy.signal = signal
+        strategy.signal = stop
     else:  # MetaSchedule's, by name or object: made stoppable by delegation
-        strategy = Stoppable(strategy, signal)
+        strategy = Stoppable(strategy, stop)
     contexts = [
         ms.TuneContext(
             mod=task.mod,
@@ -287,10 +296,10 @@ def tune(
     start = time.perf_counter()
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
-        _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, signal),
+        _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, stop),
     ]
     runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
-    interrupted, restore_sigint = _watch_sigint()
+    interrupted, restore_sigint = _watch_sigint(on_interrupt=stop.set)
     try:
         ms.tune_tasks(
             tasks=contexts,
@@ -314,6 +323,8 @@ def tune(
     finally:
         restore_sigint()
         runner.pool.shutdown()
+    if interrupted():  # swallowed on the way (see _watch_sigint); the stop signal ended the run
+        raise KeyboardInterrupt
     result.seconds = time.perf_counter() - start
     stats = getattr(strategy, "stats", None)
     if stats is not None:

@@ -1,4 +1,5 @@
 import math
+import time
 
 import pytest
 
@@ -39,3 +40,28 @@ def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tm
     assert all(r.estimated_model_us > 0 for r in rounds)
     assert count_records(open_database(tmp_path)) == result.trials
     assert set(result.best_us) <= {t.name for t in tasks}
+
+
+@pytest.mark.slow
+def test_ctrl_c_swallowed_inside_tvm_still_stops_the_run(tiny_model, llvm_target, tmp_path):
+    """Ctrl-C raised in a callback TVM calls can be caught on its way (a candidate marked
+    failed, a sketch marked unmodelled); the run must still stop and report the interrupt."""
+    import os
+    import signal
+
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.tune import tune
+
+    def swallow_ctrl_c(record):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(1)  # the handler runs here, in the main thread
+        except KeyboardInterrupt:
+            pass
+
+    _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
+    with LocalFleet() as tracker, pytest.raises(KeyboardInterrupt):
+        tune(tasks, llvm_target, tmp_path, tracker, max_trials=400, trials_per_round=4,
+             on_round=swallow_ctrl_c)  # fmt: skip
+    assert 0 < count_records(open_database(tmp_path)) < 400
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -64,7 +64,7 @@ def reference_features(sym, x: torch.Tensor) -> list[torch.Tensor | None]:
     out: list[torch.Tensor | None] = [None] * x.shape[0]
     for probe, idx in groups.values():
         sel = torch.tensor(idx)
-        leaves = sym.leaves(probe.program, log_f[sel], cats[sel], point_values=True)
+        leaves = sym.leaves(probe.program, log_f[sel], cats[sel], point_values=True, mode="smooth")
         values = evaluate(probe.program, leaves, "smooth")
         for j, i in enumerate(idx):
             out[i] = values[j]

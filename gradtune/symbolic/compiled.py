@@ -40,6 +40,7 @@ from gradtune.symbolic.features import (
     smooth_min,
 )
 from gradtune.symbolic.program import CACHE_LINE_BYTES, Program
+from gradtune.symbolic.regions import no_gradient_when_empty, term_span
 
 # Slots 0 and 1 of every case hold 1.0 and 0.0: padding gathers slot 0, so a padded product
 # is 1 (harmless in a quotient, exact in a product).
@@ -81,6 +82,16 @@ _PADS: dict[str, Any] = {
     "mem_coef": 0.0,
     "level_on": False,
     "top": 0,
+    # Derived region leaves (regions.py): a padded term is 0 · (1 − 1) and a padded leaf
+    # computes 1 and writes it over the slot of the constant 1.
+    "dv_slot": ONE,
+    "dv_m": ZERO,
+    "dv_o": ZERO,
+    "dv_d": ONE,
+    "dv_px": ZERO,
+    "dv_pe": ONE,
+    "dv_nx": ZERO,
+    "dv_ne": ONE,
 }
 
 
@@ -294,7 +305,9 @@ def compile_case(program: Program, bank: dict[str, Any]) -> CompiledCase:
         assert len(feats) == FEATURES
         out.append(feats)
 
-    arrays = _slot_arrays(b, bank)
+    derived = _derived_arrays(b, bank["derived"])
+    arrays = _slot_arrays(b, bank)  # after every constant has its slot
+    arrays.update(derived)
     length = max(len(r) for r in b.row_slots)
     arrays["rows"] = _padded([list(r) for r in b.row_slots], ONE, np.int64, length)
     arrays["elem"] = np.asarray(b.row_elem, dtype=bool)
@@ -341,6 +354,30 @@ def compiled(program: Program, bank: dict[str, Any]) -> CompiledCase:
     if case is None:
         case = bank["compiled"] = compile_case(program, bank)
     return case
+
+
+def _derived_arrays(b: _Builder, derived: list[tuple[str, Any]]) -> dict[str, np.ndarray]:
+    """The slots each derived leaf is computed from (``regions.derive``), padded."""
+
+    def slot(key: str | float) -> int:
+        return b.const(key) if isinstance(key, float) else b.leaf(key)
+
+    n = max(len(derived), 1)
+    q = max([len(d.terms) for _, d in derived] + [1])
+    t = max([len(side) for _, d in derived for term in d.terms for side in term[3:]] + [1])
+    out = {name: np.full((n, q), _PADS[name], np.int64) for name in ("dv_m", "dv_o", "dv_d")}
+    for name in ("dv_px", "dv_pe", "dv_nx", "dv_ne"):
+        out[name] = np.full((n, q, t), _PADS[name], np.int64)
+    out["dv_slot"] = np.full(n, ONE, np.int64)
+    for i, (key, derivation) in enumerate(derived):
+        out["dv_slot"][i] = b.leaf(key)
+        for j, (m, o, d, pos, neg) in enumerate(derivation.terms):
+            out["dv_m"][i, j], out["dv_o"][i, j], out["dv_d"][i, j] = slot(m), slot(o), slot(d)
+            for k, (c, e) in enumerate(pos):
+                out["dv_px"][i, j, k], out["dv_pe"][i, j, k] = slot(c), slot(e)
+            for k, (c, e) in enumerate(neg):
+                out["dv_nx"][i, j, k], out["dv_ne"][i, j, k] = slot(c), slot(e)
+    return out
 
 
 def _flags(acc: Any) -> list[bool]:
@@ -394,6 +431,7 @@ class _Plan:
     any_cat: bool
     any_no_loops: bool
     any_serial: bool
+    any_derived: bool
     stores: int  # padded
     accesses: int
     # The slot sort's inputs: the (point, access) pairs that exist.
@@ -472,6 +510,7 @@ def _plan(cases: list[CompiledCase]) -> _Plan:
         any_cat=bool(tensors["is_cat"].any()),
         any_no_loops=bool(tensors["no_loops"].any()),
         any_serial=bool(tensors["serial"].any()),
+        any_derived=bool((tensors["dv_slot"] != ONE).any()),
         stores=stores,
         accesses=accesses,
         pts=pts,
@@ -517,6 +556,17 @@ def evaluate_cases(
         slots = torch.where(t["is_mono"], mono, slots)
     if plan.any_cat:
         slots = torch.where(t["is_cat"], cats.to(f64).gather(1, t["cat_col"]), slots)
+    if plan.any_derived:
+        # regions.derive for every derived leaf at once; they read only the slots above.
+        def at(name: str) -> torch.Tensor:
+            return _take(slots, t[name])
+
+        span_pos = (at("dv_px") * (at("dv_pe") - 1)).sum(-1)
+        span_neg = (at("dv_nx") * (at("dv_ne") - 1)).sum(-1)
+        offset, divisor = at("dv_o"), at("dv_d")
+        span = term_span(offset + span_pos, offset - span_neg, divisor, mode)
+        extent = no_gradient_when_empty(1 + (at("dv_m") * span).sum(-1))
+        slots = slots.scatter(1, t["dv_slot"], extent)
 
     # Every product of leaves; elems clamped. The factors lie along dim 1, so that ``prod``
     # multiplies them one after the other, left to right: evaluate's association, its bits.

@@ -22,6 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradtune.symbolic.regions import Derivation, parse_region
+
 CACHE_LINE_BYTES = 64
 
 # Order of the 16 arithmetic counters, as exported.
@@ -100,6 +102,8 @@ class Access:
     # loop the C++ uses a constant instead (top_loop_touch_bytes).
     distance_terms: list[tuple[tuple[str, ...], int]] = field(default_factory=list)
     distance_const: float = 0.0
+    # Per dimension, the shape of its derived region extent (regions.py), "?" if fitted.
+    region_form: str = ""
 
 
 @dataclass
@@ -132,6 +136,8 @@ class Program:
     # Software-pipelined loops (InjectSoftwarePipeline, run by VerifyGPUCode's lowering): (loop
     # key, stage annotation, children of the pipeline body, versions per buffer it allocates).
     pipelines: list[tuple[str, list[int], int, dict[str, int]]] = field(default_factory=list)
+    # Region-extent leaves computed from other leaves rather than fitted (regions.py).
+    derived: dict[str, Derivation] = field(default_factory=dict)
     _signature: str | None = field(default=None, repr=False, compare=False)
     _store_signatures: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
@@ -157,7 +163,7 @@ class Program:
         )
         acc = ";".join(
             f"{a.buffer}/{a.access_type}/{a.stride_level}/{a.continuous_dim_key}/"
-            f"{a.reuse_type}/{a.reuse_level}/{len(a.serial_touched)}"
+            f"{a.reuse_type}/{a.reuse_level}/{len(a.serial_touched)}/{a.region_form}"
             for a in s.accesses
         )
         return f"{s.buffer}[{loops}]{s.arith}{{{acc}}}{s.alloc_shape_keys}"
@@ -332,6 +338,8 @@ class _Collector:
         self.thread_loops: list[tuple[str, str, str]] = []
         self.alloc_kernels: list[str] = []
         self.pipelines: list[tuple[str, list[int], int, dict[str, int]]] = []
+        self.unit_vars: list[tuple[Any, int]] = []  # removed unit loops in scope: (var, min)
+        self.derived: dict[str, Derivation] = {}
 
     # -- leaves --------------------------------------------------------------------------
     def leaf(self, key: str, value: int) -> str:
@@ -405,7 +413,9 @@ class _Collector:
         if unit:
             # SimplifyForFeatureExtraction: the loop disappears, its variable becomes 0.
             self.analyzer.bind(loop.loop_var, loop.min, True)
+            self.unit_vars.append((loop.loop_var, 0))
             self.visit(loop.body)
+            self.unit_vars.pop()
             return
         if _type(extent) != "IntImm":
             raise ValueError(f"loop {loop.loop_var.name} has a non-constant extent")
@@ -430,6 +440,69 @@ class _Collector:
         self.nest.append((loop, info))
         self.visit(loop.body)
         self.nest.pop()
+
+    def var_info(self, var: Any) -> tuple[int, int] | None:
+        """(level, min) of a loop variable of the nest, (−1, min) of a removed unit loop's."""
+        for level, (loop, _) in enumerate(self.nest):
+            if loop.loop_var.same_as(var):
+                if _type(loop.min) != "IntImm":
+                    return None
+                return level, int(loop.min.value)
+        for unit, low in self.unit_vars:
+            if unit.same_as(var):
+                return -1, low
+        return None
+
+    def derive_regions(
+        self, skey: str, b: str, indices: list[list[Any]], shapes: list[list[int]]
+    ) -> str:
+        """Derivations of buffer ``b``'s region leaves where the index expression allows and
+        they reproduce the analyzer at every level; returns the signature part."""
+        import tvm_ffi
+
+        n = len(self.nest)
+        if not indices or n == 0:
+            return ""
+        first = indices[0]
+        if any(
+            not all(tvm_ffi.structural_equal(x, y) for x, y in zip(other, first, strict=True))
+            for other in indices[1:]
+        ):
+            return "?" * len(first)  # several different regions: their union is fitted
+        extents = [int(loop.extent.value) for loop, _ in self.nest]
+        loop_keys = [info.key for _, info in self.nest]
+        parts = []
+        for d, expr in enumerate(first):
+            form = parse_region(expr, self.var_info)
+            if form is None or any(form.extent(i, extents) != shapes[i][d] for i in range(n)):
+                parts.append("?")
+                continue
+            parts.append(form.shape(loop_keys))
+            base = f"X:{skey}:{b}:{d}"
+            keyed = []
+            for q, term in enumerate(form.terms):
+                if term.linear:
+                    m, o, dv = 1.0, 0.0, 1.0
+                else:
+                    m = self.leaf(f"{base}:{q}:m", term.mult)
+                    o = self.leaf(f"{base}:{q}:o", term.offset)
+                    dv = self.leaf(f"{base}:{q}:d", term.divisor)
+                coefs = {
+                    level: (self.leaf(f"{base}:{q}:{loop_keys[level]}", abs(c)), c > 0)
+                    for level, c in term.coefs.items()
+                }
+                keyed.append((m, o, dv, coefs))
+            for i in range(n):
+                terms = []
+                for m, o, dv, coefs in keyed:
+                    pos = [(k, loop_keys[lv]) for lv, (k, up) in coefs.items() if lv >= i and up]
+                    neg = [
+                        (k, loop_keys[lv]) for lv, (k, up) in coefs.items() if lv >= i and not up
+                    ]
+                    if pos or neg:
+                        terms.append((m, o, dv, pos, neg))
+                self.derived[f"N:{skey}:{b}:{loop_keys[i]}:{d}"] = Derivation(terms)
+        return "|".join(parts)
 
     def kernel(self) -> str:
         """The key of the outermost thread-bound loop around this point ("" if none)."""
@@ -491,6 +564,7 @@ class _Collector:
         for loop, _ in self.nest:
             self.analyzer.bind(loop.loop_var, loop.min, True)
         numel_keys: dict[str, list[tuple[str, ...]]] = {b: [()] * n for b in order}
+        shapes: dict[str, list[list[int]]] = {b: [[]] * n for b in order}
         shape0: dict[str, list[int]] = {b: [1] * len(buffers[b].shape) for b in order}
         for i in range(n - 1, -1, -1):
             loop, info = self.nest[i]
@@ -517,9 +591,11 @@ class _Collector:
                     self.leaf(f"N:{skey}:{b}:{info.key}:{d}", e) for d, e in enumerate(shape)
                 )
                 numel_keys[b][i] = dims
+                shapes[b][i] = shape
                 self.touched.setdefault(info.key, {}).setdefault(b, []).append(dims)
                 if i == 0:
                     shape0[b] = shape
+        forms = {b: self.derive_regions(skey, b, indices[b], shapes[b]) for b in order}
         for b in order:
             self.buffer_bytes[b] = _bytes(buffers[b])
 
@@ -539,21 +615,25 @@ class _Collector:
                     if shape0[b][d] == bshape[d]:
                         cont_key = shape_keys[d]
                         break
-            stride, level = 0, -1
+            stride, level, where = 0, -1, "-"
             for i in range(n - 1, -1, -1):
                 var = self.nest[i][0].loop_var
-                best = None
+                best, dims = None, []
                 for idx in indices[b]:
                     for d in range(ndim - 1, -1, -1):
                         coef = _coefficient(idx[d], var)
                         if coef != 0:
                             s = abs(coef) * strides[d]
                             best = s if best is None else min(best, s)
+                            dims.append(str(d))
                             break
                 if best is not None and best != 0:
                     stride, level = best, i
+                    where = f"{self.nest[i][1].key}:{','.join(dims)}"
                     break
-            stride_key = self.leaf(f"S:{skey}:{b}", stride)
+            # Keyed by the loop and dimensions it comes from: one meaning (a coefficient times
+            # a dimension's stride, or 0) across the cases, so that it fits sketch-wide.
+            stride_key = self.leaf(f"S:{skey}:{b}:{where}", stride)
 
             region_vars: list[Any] = []
             for idx in indices[b]:
@@ -569,6 +649,7 @@ class _Collector:
                 continuous_dim_key=cont_key,
                 reuse_type=2,
                 reuse_level=-1,
+                region_form=forms[b],
             )
             for i in range(n - 1, -1, -1):
                 var = self.nest[i][0].loop_var
@@ -721,4 +802,5 @@ def extract_program(mod: Any, is_gpu: bool = False, lowered: bool = False) -> Pr
         thread_loops=collector.thread_loops,
         alloc_kernels=collector.alloc_kernels,
         pipelines=collector.pipelines,
+        derived=collector.derived,
     )

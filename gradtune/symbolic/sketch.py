@@ -27,6 +27,7 @@ import torch
 from gradtune.symbolic.compiled import compiled, evaluate_cases
 from gradtune.symbolic.formulas import LeafFormula, fit_leaves
 from gradtune.symbolic.program import Program, extract_program
+from gradtune.symbolic.regions import derive
 from gradtune.symbolic.variables import SketchVariables, TileVar
 
 
@@ -322,7 +323,7 @@ class SymbolicSketch:
         # Breadth-first over one-prime moves: a case that is narrow around the point (few
         # non-unit factors) is reached two moves away.
         while frontier and budget > 0 and len(same) < wanted:
-            nxt = []
+            nxt, reached = [], len(tried)
             for start in frontier:
                 for decisions in self.neighbours(start, rng):
                     key = _decision_key(decisions)
@@ -337,12 +338,40 @@ class SymbolicSketch:
                     if other.program.signature() == signature:
                         same.append(other)
                         nxt.append(other.decisions)
-            frontier = nxt
-        # Leaves to refit, by pool: those sharing neighbours are fitted together.
+            # A point alone in its case: walk on through the other cases, whose probes still
+            # pin down the leaves fitted on every neighbour that has them (below).
+            frontier = nxt or ([] if same else [o.decisions for o in tried[reached:]])
+        pools = {}
+        for key in program.values:
+            if key in program.derived:
+                continue  # computed from other leaves (regions.py), never fitted here
+            pools[key] = self._pool(key, program, same, tried)
+        found, kept = self._refit(pools)
+        # A point alone in its case (a unit tile, say) has no neighbours to fit on. Loop
+        # extents, strides and index integers depend on the decisions that built their loops,
+        # which many differently-cased neighbours share: fit those leaves on every neighbour
+        # that has them (an exact fit with a spare probe, or nothing).
+        wide = {}
+        for key, pool in pools.items():
+            if key not in found and key not in kept and key[0] in "LSX":
+                others = [o for o in tried if key in o.program.values]
+                if len(others) > len(pool):
+                    wide[key] = others
+        found.update(self._refit(wide)[0])
+        local = {key: found[key] for key in program.values if key in found}
+        if local:
+            self.local_fits += 1
+        self._case_formulas[signature] = local
+        return local
+
+    def _refit(self, pools: dict[str, list[Probe]]) -> tuple[dict[str, LeafFormula], set[str]]:
+        """Formulas for the leaves whose sketch-wide one (if any) misses a probe of their pool,
+        and the leaves whose sketch-wide one reproduces it; leaves sharing a pool are fitted
+        together."""
+        kept: set[str] = set()
         designs: dict[tuple[int, ...], tuple[np.ndarray, np.ndarray]] = {}
         refits: dict[tuple[int, ...], tuple[list[Probe], list[str]]] = {}
-        for key in program.values:
-            pool = self._pool(key, program, same, tried)
+        for key, pool in pools.items():
             if not pool:
                 continue
             ident = tuple(id(o) for o in pool)
@@ -355,6 +384,7 @@ class SymbolicSketch:
                 values = np.asarray([o.program.values[key] for o in pool], dtype=float)
                 got = formula.evaluate(torch.as_tensor(log_f), torch.as_tensor(cats)).numpy()
                 if np.allclose(got, values, rtol=1e-9, atol=1e-9):
+                    kept.add(key)
                     continue
             refits.setdefault(ident, (pool, []))[1].append(key)
         found: dict[str, LeafFormula] = {}
@@ -366,11 +396,7 @@ class SymbolicSketch:
             for key, refit in zip(keys, fit_leaves(log_f, cats, values), strict=True):
                 if refit is not None and _overdetermined(refit, log_f, len(pool), margin=1):
                     found[key] = refit
-        local = {key: found[key] for key in program.values if key in found}
-        if local:
-            self.local_fits += 1
-        self._case_formulas[signature] = local
-        return local
+        return found, kept
 
     @staticmethod
     def _pool(key: str, program: Program, same: list[Probe], tried: list[Probe]) -> list[Probe]:
@@ -378,7 +404,7 @@ class SymbolicSketch:
         that store's own loop nest, so neighbours whose other stores changed shape still count
         (far more of them than whole-program twins); other leaves need the whole case."""
         kind, _, rest = key.partition(":")
-        if kind in ("N", "S"):
+        if kind in ("N", "S", "X"):
             store = rest.split(":", 1)[0].rsplit("#", 1)[0]
             mine = program.store_signature(store)
             return [
@@ -395,10 +421,12 @@ class SymbolicSketch:
         log_f: torch.Tensor,
         cats: torch.Tensor,
         point_values: bool = False,
+        mode: str = "exact",
     ) -> dict[str, torch.Tensor]:
         """Leaf values from the formulas, all evaluated in one batched op per kind. A leaf with
         no formula is NaN (it poisons, never lies), or with ``point_values`` its value at the
-        rounded point (exact there, no gradient) — what the search may use, never verify."""
+        rounded point (exact there, no gradient) — what the search may use, never verify.
+        Derived region leaves are then computed from the others (``regions.derive``)."""
         bank = self._bank(program, point_values)
         batch = log_f.shape[0]
         values = bank["const"].expand(batch, -1).clone()
@@ -408,7 +436,11 @@ class SymbolicSketch:
         if bank["cat_idx"].numel():
             values[:, bank["cat_idx"]] = cats[:, bank["cat_col"]].to(torch.float64)
         # unbind, not values[:, i]: its backward is one stack, not one (batch, K) scatter per leaf.
-        return dict(zip(bank["keys"], values.unbind(1), strict=True))
+        out = dict(zip(bank["keys"], values.unbind(1), strict=True))
+        one = torch.ones(batch, dtype=torch.float64)
+        for key, derivation in bank["derived"]:
+            out[key] = derive(derivation, out.__getitem__, mode, one)
+        return out
 
     def _bank(self, program: Program, point_values: bool) -> dict[str, Any]:
         """The formulas of a case as arrays (cached): evaluating hundreds of leaves one by one
@@ -420,8 +452,11 @@ class SymbolicSketch:
         keys = list(program.values)
         const = np.full(len(keys), np.nan)
         mono_idx, exps, log_coef, offset, cat_idx, cat_col = [], [], [], [], [], []
+        derived = [(key, program.derived[key]) for key in keys if key in program.derived]
         for i, key in enumerate(keys):
             formula = local.get(key) or self.formulas.get(key)
+            if key in program.derived:
+                continue  # NaN here; computed from the other leaves (regions.derive)
             if formula is None:
                 if point_values:
                     const[i] = program.values[key]
@@ -445,13 +480,18 @@ class SymbolicSketch:
             "offset": torch.as_tensor(offset, dtype=torch.float64),
             "cat_idx": torch.as_tensor(cat_idx, dtype=torch.long),
             "cat_col": torch.as_tensor(cat_col, dtype=torch.long),
+            "derived": derived,
         }
         self._banks[cache_key] = bank
         return bank
 
     def missing(self, program: Program) -> list[str]:
         local = self._case_formulas.get(program.signature(), {})
-        return [k for k in program.values if k not in self.formulas and k not in local]
+        return [
+            k
+            for k in program.values
+            if k not in self.formulas and k not in local and k not in program.derived
+        ]
 
     def features_at(
         self, decisions: dict[int, Any], mode: str = "exact", refit: bool = True

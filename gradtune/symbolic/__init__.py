@@ -4,6 +4,7 @@
   factors, log-relaxed categoricals) and ``decode`` back to a valid trace.
 - ``program``: a scheduled program as ``PerStoreFeature`` sees it — its case (loop structure)
   plus named integer leaves (extents, touched regions, strides, shapes, unroll steps).
+- ``regions``: touched-region leaves derived from index expressions with TVM's interval rules.
 - ``features``: TVM's 164 per-store features as a torch function of the leaves (exact or
   smooth).
 - ``formulas``: closed forms of the leaves in the decisions, fitted by probing.

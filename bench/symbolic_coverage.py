@@ -2,11 +2,13 @@
 
 Runs the same check as ``gradtune symbolic verify`` (formulas vs TVM's PerStoreFeature on N
 held-out random decisions per sketch) on every task of the benchmark models (examples/) and on
-the TVMScript operator set (tests/ops), for the llvm target.
+the TVMScript operator set (tests/ops), for the llvm target by default.
 
-    .venv/bin/python bench/symbolic_coverage.py [--samples 10]
+    .venv/bin/python bench/symbolic_coverage.py [--samples 10] [--models-only | --ops-only]
+        [--target cuda]
 
-Writes bench/results/symbolic_coverage.md and prints a JSON summary as its last line.
+Writes bench/results/symbolic_coverage[_ops][_TARGET].md (the target in the name unless llvm)
+and prints a JSON summary as its last line.
 """
 
 from __future__ import annotations
@@ -32,10 +34,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=10)
     parser.add_argument("--out", default=str(ROOT / "bench" / "results"))
     parser.add_argument("--models-only", action="store_true", help="skip the operator set")
+    parser.add_argument("--ops-only", action="store_true", help="skip the benchmark models")
+    parser.add_argument("--target", default="llvm", help="llvm (default) or cuda")
     args = parser.parse_args()
-    target = make_target(parse_target("llvm"))
+    target = make_target(parse_target(args.target))
     tasks = []
-    for name in MODELS:
+    for name in [] if args.ops_only else MODELS:
         model = load_model(ROOT / "examples" / f"{name}.py")
         _, found = partition(model.mod, model.params, target)
         for task in found:
@@ -67,12 +71,18 @@ def main() -> None:
     lines.append("")
     for group, (s, v) in per_set.items():
         lines.append(f"- {group}: {v}/{s} sketches verified ({v / max(1, s):.1%})")
+    s, v = totals["sketches"], totals["verified"]
+    lines.append(f"- all: {v}/{s} sketches verified ({v / max(1, s):.1%}); bar 95%")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "symbolic_coverage.md").write_text("\n".join(lines) + "\n")
+    name = "symbolic_coverage" + ("_ops" if args.ops_only else "")
+    name += "" if args.target == "llvm" else f"_{args.target}"
+    header = f"# Symbolic coverage, target {args.target}, {args.samples} samples per sketch\n"
+    (out / f"{name}.md").write_text(header + "\n" + "\n".join(lines) + "\n")
     print(
         json.dumps(
             {
+                "target": args.target,
                 "samples": args.samples,
                 "sketches": totals["sketches"],
                 "verified_sketches": totals["verified"],

@@ -25,10 +25,22 @@ def host_cpu_target(num_cores: int | None = None) -> dict[str, Any]:
     }
 
 
+# What MetaSchedule's GPU rules need (AutoBind refuses a target without max_threads_per_block)
+# and no GPU here can report: an sm_80 (A100-class) device. Keys given in a JSON target win.
+CUDA_DEFAULTS: dict[str, Any] = {
+    "arch": "sm_80",
+    "max_shared_memory_per_block": 49152,
+    "max_threads_per_block": 1024,
+    "thread_warp_size": 32,
+    "registers_per_block": 65536,
+}
+
+
 def parse_target(spec: str | dict | None) -> dict[str, Any]:
     """Turn ``None`` / ``"llvm"`` / ``"cuda"`` / a JSON object into a target config dict.
 
-    A bare ``llvm`` means the host CPU (with ``mcpu``), never generic x86-64.
+    A bare ``llvm`` means the host CPU (with ``mcpu``), never generic x86-64; a CUDA target
+    without device limits gets ``CUDA_DEFAULTS`` (an sm_80 GPU).
     """
     if spec is None or spec == "llvm":
         return host_cpu_target()
@@ -46,6 +58,8 @@ def parse_target(spec: str | dict | None) -> dict[str, Any]:
     if config.get("kind") == "llvm" and "mcpu" not in config:
         host = host_cpu_target(config.get("num-cores"))
         config = {**host, **config}
+    if config.get("kind") == "cuda":
+        config = {**CUDA_DEFAULTS, **config}
     # Let TVM judge: it knows every kind and attribute.
     make_target(config)
     return config

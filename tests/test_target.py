@@ -17,7 +17,11 @@ def test_bare_llvm_gets_mcpu_too():
 
 
 def test_cuda_target_builds_without_gpu():
-    assert parse_target("cuda")["kind"] == "cuda"
+    config = parse_target("cuda")
+    assert config["kind"] == "cuda" and config["max_threads_per_block"] == 1024
+    # (tests/test_symbolic_gpu.py verifies an operator with a bare --target cuda.)
+    custom = parse_target('{"kind": "cuda", "max_threads_per_block": 256}')
+    assert custom["max_threads_per_block"] == 256 and custom["arch"] == "sm_80"
 
 
 @pytest.mark.parametrize(

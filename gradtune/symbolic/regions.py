@@ -68,9 +68,6 @@ class RegionForm:
             total += abs(term.mult) * (hi // term.divisor - lo // term.divisor)
         return total
 
-    def levels(self) -> list[int]:
-        return sorted({level for term in self.terms for level in term.coefs})
-
     def shape(self, loop_keys: list[str]) -> str:
         """The form without its integers: part of the store's case signature."""
         parts = []
@@ -141,11 +138,11 @@ def _summands(expr: Any, sign: int, out: list[tuple[int, Any]]) -> None:
 
 
 def _known_vars(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -> bool:
-    from gradtune.symbolic.program import _children
+    from gradtune.symbolic.program import _vars_in
 
-    if type(expr).__name__ == "Var":
-        return var_info(expr) is not None
-    return all(_known_vars(c, var_info) for c in _children(expr))
+    found: list[Any] = []
+    _vars_in(expr, found)
+    return all(var_info(v) is not None for v in found)
 
 
 def parse_region(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -> RegionForm | None:

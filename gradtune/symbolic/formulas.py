@@ -4,10 +4,10 @@ sketch's decisions, found by probing (DESIGN §4.2).
 A sketch is replayed at random valid decisions; each leaf (loop extent, elements touched per
 loop level, stride, buffer shape, unroll step) is matched by name across the replays and fitted
 to, in order: a constant; a categorical decision itself; an exact monomial c · Π fᵢ^eᵢ of the
-inner tile factors with integer exponents (log-linear least squares, exponents rounded, then
-checked exactly on every probe); an affine monomial a + c · Π fᵢ^eᵢ (convolution halos,
-``(tile − 1) · stride + kernel``). A leaf that fits none of them is *unsupported* and reported
-with its probes, never approximated.
+inner tile factors and positive categoricals (vector lengths) with integer exponents
+(log-linear least squares, exponents rounded, then checked exactly on every probe); an affine
+monomial a + c · Π fᵢ^eᵢ (convolution halos, ``(tile − 1) · stride + kernel``). A leaf that
+fits none of them is *unsupported* and reported with its probes, never approximated.
 """
 
 from __future__ import annotations

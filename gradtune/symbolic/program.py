@@ -169,15 +169,76 @@ class Program:
         return f"{s.buffer}[{loops}]{s.arith}{{{acc}}}{s.alloc_shape_keys}"
 
 
+def simplify_for_feature_extraction(mod: Any) -> Any:
+    """``SimplifyForFeatureExtraction``, the C++ pass ``PerStoreFeature`` runs first, which
+    TVM does not expose to Python: serial, unannotated unit loops disappear (their variables
+    become 0), zero-extent loops become no-ops, and a ``Select`` without buffer loads becomes
+    the constant 1. Where it runs matters: before ``LowerCrossThreadReduction``, a reduction
+    whose in-thread loop has extent 1 is lowered without the in-thread buffer and its stores
+    (a GPU softmax has two stores fewer)."""
+    import tvm
+    import tvm_ffi
+    from tvm import tirx
+
+    def has_load(expr: Any) -> bool:
+        found: list[int] = []
+        tvm_ffi.structural_walk(expr, (tirx.BufferLoad, lambda _: found.append(1)))
+        return bool(found)
+
+    def simplify(func: Any) -> Any:
+        unit: list[Any] = []
+
+        def on_for(loop: Any) -> Any:
+            # Pre-order: what this returns is not offered to the callbacks again, only its
+            # children are, so a nest of unit loops is peeled here, all at once.
+            while isinstance(loop, tirx.For):
+                extent, low = loop.extent, loop.min
+                if isinstance(extent, tirx.IntImm) and int(extent.value) == 0:
+                    return tirx.Evaluate(0)
+                if not (
+                    isinstance(low, tirx.IntImm)
+                    and int(low.value) == 0
+                    and isinstance(extent, tirx.IntImm)
+                    and int(extent.value) == 1
+                    and int(loop.kind) == 0
+                    and len(loop.annotations) == 0
+                ):
+                    break
+                unit.append(loop.loop_var)  # its uses in the body, mapped next, become 0
+                loop = loop.body
+            return loop
+
+        def on_var(var: Any) -> Any:
+            if any(var.same_as(u) for u in unit):
+                return tirx.const(0, var.ty.dtype)
+            return var
+
+        def on_select(select: Any) -> Any:
+            if any(has_load(e) for e in (select.true_value, select.false_value, select.condition)):
+                return select
+            return tirx.const(1, select.dtype)
+
+        return tvm_ffi.structural_map(
+            func,
+            [(tirx.For, on_for), (tirx.Var, on_var), (tirx.Select, on_select)],
+            order="pre",
+        )
+
+    functions = {
+        gv: simplify(f) if isinstance(f, tirx.PrimFunc) else f for gv, f in mod.functions.items()
+    }
+    return tvm.IRModule(functions, attrs=mod.attrs)
+
+
 def lower_for_features(mod: Any) -> Any:
-    """The pass list ``PerStoreFeature`` runs before extracting, minus its first simplifier
-    (not exposed to Python: the walker below applies its two rules itself)."""
+    """The pass list ``PerStoreFeature`` runs before extracting."""
     import tvm
     from tvm import s_tir, tirx
 
+    mod = s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    mod = simplify_for_feature_extraction(mod)
     passes = tvm.transform.Sequential(
         [
-            s_tir.transform.RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True),
             s_tir.transform.LowerCrossThreadReduction(),
             s_tir.transform.LowerInitBlock(),
             s_tir.transform.PlanAndUpdateBufferAllocationLocation(),

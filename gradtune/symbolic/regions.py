@@ -12,7 +12,8 @@ closed forms of the decisions fails where they are not monomials, and they often
   one value and the dimension contributes extent 1 whatever the loop extents.
 
 So a dimension whose index is a sum of (multiples of) loop variables, constants, ``floordiv``
-of such sums by constants and ``floormod`` of anything is recorded as a ``Derivation``: its
+of such sums by constants, ``floormod`` of anything and ``floordiv`` of a ``floormod`` (one
+value too: a GPU thread index's ``t % 256 // 16``) is recorded as a ``Derivation``: its
 extent at a loop level as a function of the open loops' extent leaves and of new leaves for
 the expression's integers (coefficients, offsets, divisors: ``X:`` keys, fitted like every
 other leaf, since a coefficient such as the 2 in ``ax0 * 2 + ax3 // 8`` moves with the
@@ -172,6 +173,12 @@ def parse_region(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -
         if kind == "FloorDiv":
             if type(core.b).__name__ != "IntImm" or int(core.b.value) <= 0:
                 return None
+            if type(core.a).__name__ == "FloorMod":
+                # The quotient of one value is one value: a fused thread index's
+                # ``t % 256 // 16`` (a GPU cache copy or write-back).
+                if parse_region(core.a, var_info) is None:
+                    return None
+                continue
             inner = _linear(core.a, var_info)
             if inner is None:
                 return None

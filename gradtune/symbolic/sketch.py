@@ -74,10 +74,25 @@ class SymbolicSketch:
     def n_factors(self) -> int:
         return sum(t.n - 1 for t in self.variables.tiles)
 
+    @functools.cached_property
+    def _scales(self) -> list[int]:
+        """The categoricals whose candidates are all positive (vector lengths, not unroll
+        steps, which include 0): they scale loops like tile factors do — a cooperative fetch
+        of ``n`` elements with vector length ``v`` runs ``n / v`` thread iterations — so their
+        logs are monomial columns too."""
+        return [j for j, c in enumerate(self.variables.categoricals) if min(c.candidates) > 0]
+
+    @property
+    def n_columns(self) -> int:
+        """Columns a monomial leaf is fitted over: the inner tile factors, then the scales."""
+        return self.n_factors + len(self._scales)
+
     def columns(self, decisions: dict[int, Any]) -> tuple[np.ndarray, np.ndarray]:
-        """log inner tile factors (F,) and categorical values (C,) of integer decisions."""
+        """log monomial columns (``n_columns``,) and categorical values (C,) of integer
+        decisions."""
         logs = [math.log(f) for t in self.variables.tiles for f in decisions[t.index][1:]]
         cats = [c.candidates[decisions[c.index]] for c in self.variables.categoricals]
+        logs += [math.log(cats[j]) for j in self._scales]
         return np.asarray(logs, dtype=float), np.asarray(cats, dtype=float)
 
     @functools.cached_property
@@ -138,6 +153,10 @@ class SymbolicSketch:
         lin = self._linear
         log_f = x @ lin["log_f"].to(x.dtype)
         cats = torch.exp2(x[:, lin["cat_idx"]]) - 1.0
+        if self._scales:
+            # Off the region a relaxed scale may dip to 0 or below; the penalty pulls it back.
+            scales = torch.log(cats[:, self._scales].clamp_min(1e-6))
+            log_f = torch.cat([log_f, scales], dim=1)
         return log_f, cats
 
     # -- probing ------------------------------------------------------------------------------
@@ -216,7 +235,7 @@ class SymbolicSketch:
         and each probe is the same program whichever thread applied it."""
         rng = rng or np.random.default_rng(0)
         sym = cls(mod, SketchVariables.from_trace(sketch_trace), postprocs, is_gpu, target)
-        wanted = max(min_probes, 2 * (sym.n_factors + 1) + 4)
+        wanted = max(min_probes, 2 * (sym.n_columns + 1) + 4)
         probes = [sym.replay(sym.variables.sketch_decisions())]
         attempts = 0
         threads = threads or min(8, os.cpu_count() or 1)
@@ -315,7 +334,7 @@ class SymbolicSketch:
         if signature in self._case_formulas:
             return self._case_formulas[signature]
         rng = rng or np.random.default_rng(len(self._case_formulas))
-        wanted = self.n_factors + 2
+        wanted = self.n_columns + 2
         same: list[Probe] = []  # whole-program case equal
         tried: list[Probe] = []  # every neighbour replayed
         seen = {_decision_key(probe.decisions)}
@@ -470,7 +489,7 @@ class SymbolicSketch:
                 exps.append(formula.exps)
                 log_coef.append(formula.log_coef)
                 offset.append(formula.value if formula.kind == "affine" else 0.0)
-        width = self.n_factors
+        width = self.n_columns
         bank = {
             "keys": keys,
             "const": torch.as_tensor(const, dtype=torch.float64)[None],

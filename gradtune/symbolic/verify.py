@@ -92,15 +92,23 @@ def load_tvmscript(path: str | Path) -> Any:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def design_space(mod: Any, target: Any) -> tuple[Any, list[Any], list[Any]]:
-    """(TuneContext, sketches, postprocessors) of a task, as MetaSchedule builds them."""
+def design_space(mod: Any, target: Any, seed: int = -1) -> tuple[Any, list[Any], list[Any]]:
+    """(TuneContext, sketches, postprocessors) of a task, as MetaSchedule builds them.
+
+    The sketches' initial decisions are random draws; a seed >= 0 fixes them, so that a
+    verification run can be repeated exactly (-1: MetaSchedule's own random seed).
+    """
     from tvm.s_tir import meta_schedule as ms
 
     from gradtune.tvm_compat import register_tensor_intrinsics
 
     register_tensor_intrinsics(target.kind.name)
     ctx = ms.TuneContext(
-        mod=mod, target=target, space_generator="post-order-apply", task_name="task"
+        mod=mod,
+        target=target,
+        space_generator="post-order-apply",
+        task_name="task",
+        rand_state=seed,
     )
     return ctx, list(ctx.generate_design_space()), list(ctx.space_generator.postprocs)
 
@@ -114,7 +122,7 @@ def verify_module(
 
     from gradtune.symbolic.sketch import SymbolicSketch
 
-    ctx, sketches, postprocs = design_space(mod, target)
+    ctx, sketches, postprocs = design_space(mod, target, seed)
     is_gpu = "gpu" in [str(k) for k in target.keys]
     extractor = ms.feature_extractor.PerStoreFeature()
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
@@ -240,7 +248,7 @@ def run(path: str, target_spec: str | None, samples: int, seed: int = 0) -> int:
     target = make_target(parse_target(target_spec))
     mod = load_tvmscript(path)
     console = Console(stderr=True)
-    _, sketches, _ = design_space(mod, target)
+    _, sketches, _ = design_space(mod, target, seed)
     with Progress(console=console, transient=True) as bar:
         job = bar.add_task("verifying", total=len(sketches) * samples)
         reports = verify_module(mod, target, samples, seed, lambda: bar.advance(job))

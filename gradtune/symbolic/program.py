@@ -180,11 +180,6 @@ def simplify_for_feature_extraction(mod: Any) -> Any:
     import tvm_ffi
     from tvm import tirx
 
-    def has_load(expr: Any) -> bool:
-        found: list[int] = []
-        tvm_ffi.structural_walk(expr, (tirx.BufferLoad, lambda _: found.append(1)))
-        return bool(found)
-
     def simplify(func: Any) -> Any:
         unit: list[Any] = []
 
@@ -214,7 +209,7 @@ def simplify_for_feature_extraction(mod: Any) -> Any:
             return var
 
         def on_select(select: Any) -> Any:
-            if any(has_load(e) for e in (select.true_value, select.false_value, select.condition)):
+            if any(_has_load(e) for e in (select.true_value, select.false_value, select.condition)):
                 return select
             return tirx.const(1, select.dtype)
 

@@ -145,7 +145,7 @@ def test_degenerate_leaves_match_evaluate(sketches, monkeypatch, leaf, value):
     key = {
         "extent": store.loops[-1].key,
         "region": access.numel_keys[0][0],
-        "stride": access.stride_key,
+        "stride": access.stride_keys[0],
     }[leaf]
     before = sym.features(torch.tensor(points[:1]), "exact", refit=False)[0]
     original = sym._bank

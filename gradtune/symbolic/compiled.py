@@ -40,7 +40,7 @@ from gradtune.symbolic.features import (
     smooth_min,
 )
 from gradtune.symbolic.program import CACHE_LINE_BYTES, Program
-from gradtune.symbolic.regions import no_gradient_when_empty, term_span
+from gradtune.symbolic.regions import Quotient, ceil_quotient, no_gradient_when_empty, term_span
 
 # Slots 0 and 1 of every case hold 1.0 and 0.0: padding gathers slot 0, so a padded product
 # is 1 (harmless in a quotient, exact in a product).
@@ -92,6 +92,11 @@ _PADS: dict[str, Any] = {
     "dv_pe": ONE,
     "dv_nx": ZERO,
     "dv_ne": ONE,
+    # Ceiling-division loop extents (regions.Quotient): a padded one is ⌈1 / 1⌉ written over
+    # the slot of the constant 1.
+    "qv_slot": ONE,
+    "qv_num": ONE,
+    "qv_den": ONE,
 }
 
 
@@ -227,7 +232,7 @@ def compile_case(program: Program, bank: dict[str, Any]) -> CompiledCase:
             else:
                 ub, ub_c = b.elems(acc.numel_keys[0]), nbytes
                 inner = b.row(ext[acc.stride_level + 1 :])
-                stride = b.row((b.leaf(acc.stride_key),))
+                stride = b.row([b.leaf(k) for k in acc.stride_keys])
                 if acc.continuous_dim_key:
                     cont, cont_c = b.row((b.leaf(acc.continuous_dim_key),)), nbytes
                 else:
@@ -252,7 +257,8 @@ def compile_case(program: Program, bank: dict[str, Any]) -> CompiledCase:
             else:
                 rc, rc_c, di, di_c, chain, acc_terms = 0, 0.0, 0, 0.0, [], []
             px, px_c = (rc, rc_c) if acc.reuse_type != 2 else (0, 0.5)
-            stride_f = b.row((b.leaf(acc.stride_key),)) if acc.stride_level == n - 1 and n else 1
+            innermost = acc.stride_level == n - 1 and n
+            stride_f = b.row([b.leaf(k) for k in acc.stride_keys]) if innermost else 1
             acc_rows.append([prod, ub, inner, stride, cont, rc, px, di, div, stride_f])
             acc_coef.append([nbytes, ub_c, cont_c, rc_c, px_c, di_c])
             no_loops.append(n == 0)
@@ -357,10 +363,21 @@ def compiled(program: Program, bank: dict[str, Any]) -> CompiledCase:
 
 
 def _derived_arrays(b: _Builder, derived: list[tuple[str, Any]]) -> dict[str, np.ndarray]:
-    """The slots each derived leaf is computed from (``regions.derive``), padded."""
+    """The slots each derived leaf is computed from (``regions.derive``), padded: the
+    ceiling-division loop extents apart, as they are computed first."""
 
     def slot(key: str | float) -> int:
         return b.const(key) if isinstance(key, float) else b.leaf(key)
+
+    quotients = [(key, d) for key, d in derived if isinstance(d, Quotient)]
+    derived = [(key, d) for key, d in derived if not isinstance(d, Quotient)]
+    width = max([len(d.num) for _, d in quotients] + [len(d.den) for _, d in quotients] + [1])
+    qv = {name: np.full((max(len(quotients), 1), width), ONE, np.int64) for name in ("num", "den")}
+    qv_slot = np.full(max(len(quotients), 1), ONE, np.int64)
+    for i, (key, q) in enumerate(quotients):
+        qv_slot[i] = b.leaf(key)
+        qv["num"][i, : len(q.num)] = [b.leaf(k) for k in q.num]
+        qv["den"][i, : len(q.den)] = [b.leaf(k) for k in q.den]
 
     n = max(len(derived), 1)
     q = max([len(d.terms) for _, d in derived] + [1])
@@ -377,7 +394,7 @@ def _derived_arrays(b: _Builder, derived: list[tuple[str, Any]]) -> dict[str, np
                 out["dv_px"][i, j, k], out["dv_pe"][i, j, k] = slot(c), slot(e)
             for k, (c, e) in enumerate(neg):
                 out["dv_nx"][i, j, k], out["dv_ne"][i, j, k] = slot(c), slot(e)
-    return out
+    return {**out, "qv_slot": qv_slot, "qv_num": qv["num"], "qv_den": qv["den"]}
 
 
 def _flags(acc: Any) -> list[bool]:
@@ -432,6 +449,7 @@ class _Plan:
     any_no_loops: bool
     any_serial: bool
     any_derived: bool
+    any_quotient: bool
     stores: int  # padded
     accesses: int
     # The slot sort's inputs: the (point, access) pairs that exist.
@@ -511,6 +529,7 @@ def _plan(cases: list[CompiledCase]) -> _Plan:
         any_no_loops=bool(tensors["no_loops"].any()),
         any_serial=bool(tensors["serial"].any()),
         any_derived=bool((tensors["dv_slot"] != ONE).any()),
+        any_quotient=bool((tensors["qv_slot"] != ONE).any()),
         stores=stores,
         accesses=accesses,
         pts=pts,
@@ -556,6 +575,11 @@ def evaluate_cases(
         slots = torch.where(t["is_mono"], mono, slots)
     if plan.any_cat:
         slots = torch.where(t["is_cat"], cats.to(f64).gather(1, t["cat_col"]), slots)
+    if plan.any_quotient:
+        # regions.quotient: loop extents the region derivations below may read.
+        num = _take(slots, t["qv_num"]).prod(-1)
+        den = _take(slots, t["qv_den"]).prod(-1)
+        slots = slots.scatter(1, t["qv_slot"], ceil_quotient(num, den))
     if plan.any_derived:
         # regions.derive for every derived leaf at once; they read only the slots above.
         def at(name: str) -> torch.Tensor:

@@ -149,7 +149,7 @@ def evaluate(
             else:
                 unique_bytes = elems(acc.numel_keys[0]) * nbytes
                 inner = _prod([extents[j] for j in range(acc.stride_level + 1, n)], one)
-                ratio = leaf(acc.stride_key) * nbytes / CACHE_LINE_BYTES
+                ratio = _prod([leaf(k) for k in acc.stride_keys], one) * nbytes / CACHE_LINE_BYTES
                 lines = prod / inner * smooth_min(one, ratio, mode)
                 lines = smooth_max(one, lines, mode)
                 if acc.continuous_dim_key:
@@ -179,7 +179,10 @@ def evaluate(
             else:
                 reuse_ct, dis_iter, dis_bytes = zero, zero, zero
             proxy = reuse_ct if acc.reuse_type != 2 else one * 0.5
-            stride = leaf(acc.stride_key) if acc.stride_level == n - 1 and n > 0 else zero
+            if acc.stride_level == n - 1 and n > 0:
+                stride = _prod([leaf(k) for k in acc.stride_keys], one)
+            else:
+                stride = zero
             vector = [
                 one * (acc.access_type == 0),
                 one * (acc.access_type == 1),

@@ -19,10 +19,11 @@ keeps the last multiplying constant; loops are keyed by node, never by name.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradtune.symbolic.regions import Derivation, parse_region
+from gradtune.symbolic.regions import Derivation, Quotient, ceil_split, parse_region
 
 CACHE_LINE_BYTES = 64
 
@@ -79,6 +80,7 @@ class Loop:
     kind: str  # serial | parallel | vectorized | unrolled | thread
     tag: str = ""  # thread tag for thread bindings ("vthread" for any vthread.*)
     unroll_key: str = ""  # leaf key of pragma_auto_unroll_max_step when > 0
+    quotient: bool = False  # its extent is derived as a ceiling division (regions.Quotient)
 
 
 @dataclass
@@ -92,7 +94,9 @@ class Access:
     # touched by loops i..n-1 (elements = their product, clamped at 0).
     numel_keys: list[tuple[str, ...]]
     stride_level: int  # the innermost loop with a non-zero stride on this buffer, or -1
-    stride_key: str  # leaf: that stride (elements)
+    # Leaves whose product is that stride (elements): the loop's coefficient in the index of
+    # one dimension, then the buffer's shape leaves of the dimensions after it.
+    stride_keys: tuple[str, ...]
     continuous_dim_key: str  # leaf: buffer shape of the innermost fully covered dim, or ""
     reuse_type: int  # 0 loop multiple read, 1 serial multiple read/write, 2 none
     reuse_level: int
@@ -137,7 +141,7 @@ class Program:
     # key, stage annotation, children of the pipeline body, versions per buffer it allocates).
     pipelines: list[tuple[str, list[int], int, dict[str, int]]] = field(default_factory=list)
     # Region-extent leaves computed from other leaves rather than fitted (regions.py).
-    derived: dict[str, Derivation] = field(default_factory=dict)
+    derived: dict[str, Derivation | Quotient] = field(default_factory=dict)
     _signature: str | None = field(default=None, repr=False, compare=False)
     _store_signatures: dict[str, str] | None = field(default=None, repr=False, compare=False)
 
@@ -159,10 +163,11 @@ class Program:
     @staticmethod
     def _store_part(s: Store) -> str:
         loops = ",".join(
-            f"{lp.key}:{lp.kind}{lp.tag}{'U' if lp.unroll_key else ''}" for lp in s.loops
+            f"{lp.key}:{lp.kind}{lp.tag}{'U' if lp.unroll_key else ''}{'Q' if lp.quotient else ''}"
+            for lp in s.loops
         )
         acc = ";".join(
-            f"{a.buffer}/{a.access_type}/{a.stride_level}/{a.continuous_dim_key}/"
+            f"{a.buffer}/{a.access_type}/{a.stride_level}/{a.stride_keys}/{a.continuous_dim_key}/"
             f"{a.reuse_type}/{a.reuse_level}/{len(a.serial_touched)}/{a.region_form}"
             for a in s.accesses
         )
@@ -395,7 +400,7 @@ class _Collector:
         self.alloc_kernels: list[str] = []
         self.pipelines: list[tuple[str, list[int], int, dict[str, int]]] = []
         self.unit_vars: list[tuple[Any, int]] = []  # removed unit loops in scope: (var, min)
-        self.derived: dict[str, Derivation] = {}
+        self.derived: dict[str, Derivation | Quotient] = {}
 
     # -- leaves --------------------------------------------------------------------------
     def leaf(self, key: str, value: int) -> str:
@@ -510,10 +515,19 @@ class _Collector:
         return None
 
     def derive_regions(
-        self, skey: str, b: str, indices: list[list[Any]], shapes: list[list[int]]
+        self,
+        skey: str,
+        b: str,
+        indices: list[list[Any]],
+        shapes: list[list[int]],
+        stored_shape: list[str],
     ) -> str:
         """Derivations of buffer ``b``'s region leaves where the index expression allows and
-        they reproduce the analyzer at every level; returns the signature part."""
+        they reproduce the analyzer at every level; returns the signature part.
+
+        A divisor equal to the product of the stored buffer's dimensions after ``d`` is that
+        product: a copy's fused index ``F // (s₂ · s₃)`` (its shape moves with the tiles,
+        halos included, so the product fits no closed form of its own)."""
         import tvm_ffi
 
         n = len(self.nest)
@@ -543,6 +557,11 @@ class _Collector:
                     m = self.leaf(f"{base}:{q}:m", term.mult)
                     o = self.leaf(f"{base}:{q}:o", term.offset)
                     dv = self.leaf(f"{base}:{q}:d", term.divisor)
+                    suffix = stored_shape[d + 1 :]
+                    if len(stored_shape) == len(first) and suffix and term.divisor > 1:
+                        if math.prod(self.values[k] for k in suffix) == term.divisor:
+                            self.derived[dv] = Quotient(list(suffix), [])
+                            parts[-1] += f"/{q}"
                 coefs = {
                     level: (self.leaf(f"{base}:{q}:{loop_keys[level]}", abs(c)), c > 0)
                     for level, c in term.coefs.items()
@@ -559,6 +578,29 @@ class _Collector:
                         terms.append((m, o, dv, pos, neg))
                 self.derived[f"N:{skey}:{b}:{loop_keys[i]}:{d}"] = Derivation(terms)
         return "|".join(parts)
+
+    def derive_quotients(self, store: Any) -> None:
+        """Loop extents above this store that are a ceiling division (``regions.ceil_split``):
+        the stored buffer's elements over the inner loops' extents. Derived where they divide
+        too: a thread count that divides the elements and one that does not are then one case,
+        and a case with too few neighbours to fit ``N / D`` on still gets it right."""
+        extents = [int(loop.extent.value) for loop, _ in self.nest]
+        shape_keys = self.buffer_shape_keys(store.buffer)
+        numel = 1
+        for key in shape_keys:
+            numel *= self.values[key]
+        for outer, inner in ceil_split(list(store.indices), self.var_info, extents).items():
+            divisor = 1
+            for level in inner:
+                divisor *= extents[level]
+            info = self.nest[outer][1]
+            if info.key in self.derived:
+                continue
+            if -(-numel // divisor) == extents[outer]:
+                info.quotient = True
+                self.derived[info.key] = Quotient(
+                    list(shape_keys), [self.nest[level][1].key for level in inner]
+                )
 
     def kernel(self) -> str:
         """The key of the outermost thread-bound loop around this point ("" if none)."""
@@ -651,7 +693,11 @@ class _Collector:
                 self.touched.setdefault(info.key, {}).setdefault(b, []).append(dims)
                 if i == 0:
                     shape0[b] = shape
-        forms = {b: self.derive_regions(skey, b, indices[b], shapes[b]) for b in order}
+        stored_shape = self.buffer_shape_keys(store.buffer)
+        forms = {
+            b: self.derive_regions(skey, b, indices[b], shapes[b], stored_shape) for b in order
+        }
+        self.derive_quotients(store)
         for b in order:
             self.buffer_bytes[b] = _bytes(buffers[b])
 
@@ -671,7 +717,7 @@ class _Collector:
                     if shape0[b][d] == bshape[d]:
                         cont_key = shape_keys[d]
                         break
-            stride, level, where = 0, -1, "-"
+            stride, level, where, dim = 0, -1, "-", ndim
             for i in range(n - 1, -1, -1):
                 var = self.nest[i][0].loop_var
                 best, dims = None, []
@@ -681,15 +727,25 @@ class _Collector:
                         if coef != 0:
                             s = abs(coef) * strides[d]
                             best = s if best is None else min(best, s)
-                            dims.append(str(d))
+                            dims.append(d)
                             break
                 if best is not None and best != 0:
                     stride, level = best, i
-                    where = f"{self.nest[i][1].key}:{','.join(dims)}"
+                    where = f"{self.nest[i][1].key}:{','.join(map(str, dims))}"
+                    dim = dims[0] if len(set(dims)) == 1 else ndim
                     break
-            # Keyed by the loop and dimensions it comes from: one meaning (a coefficient times
-            # a dimension's stride, or 0) across the cases, so that it fits sketch-wide.
-            stride_key = self.leaf(f"S:{skey}:{b}:{where}", stride)
+            # Keyed by the loop and dimensions it comes from: one meaning across the cases, so
+            # that it fits sketch-wide. Where one dimension carries it, the stride is split into
+            # the coefficient times the later dimensions' shape leaves: a cache buffer's shape
+            # moves with the tiles (halos), and a product of halos is no single closed form.
+            if dim < ndim:
+                coef = stride // strides[dim]
+                stride_keys = (
+                    self.leaf(f"S:{skey}:{b}:{where}", coef),
+                    *shape_keys[dim + 1 :],
+                )
+            else:
+                stride_keys = (self.leaf(f"S:{skey}:{b}:{where}", stride),)
 
             region_vars: list[Any] = []
             for idx in indices[b]:
@@ -701,7 +757,7 @@ class _Collector:
                 access_type=access[b],
                 numel_keys=numel_keys[b],
                 stride_level=level,
-                stride_key=stride_key,
+                stride_keys=stride_keys,
                 continuous_dim_key=cont_key,
                 reuse_type=2,
                 reuse_level=-1,

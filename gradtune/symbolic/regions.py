@@ -92,6 +92,68 @@ class Derivation:
     ]
 
 
+@dataclass
+class Quotient:
+    """A loop extent that is a ceiling division: a fused loop split by factors that need not
+    divide it (a GPU cooperative fetch split by threads × vector length, a block/thread split
+    of an injective loop) has an outer extent ⌈N / D⌉, N the fused extent (the stored buffer's
+    shape, a product of halos on a cache copy) and D the inner loops' extents. No monomial or
+    affine form of the decisions is that. With no D it is a plain product of leaves (a fused
+    index's divisor, the product of the copy's later dimensions)."""
+
+    num: list[str]
+    den: list[str]
+
+
+def quotient(q: Quotient, leaf: Callable[[str], torch.Tensor], one: torch.Tensor) -> torch.Tensor:
+    """⌈N / D⌉ in both modes; in smooth mode its gradient is the real quotient's (the value
+    stays the ceiling: a loop runs a whole number of times)."""
+    num, den = one, one
+    for key in q.num:
+        num = num * leaf(key)
+    for key in q.den:
+        den = den * leaf(key)
+    return ceil_quotient(num, den)
+
+
+def ceil_quotient(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    real = num / den
+    return real + (torch.ceil(real - FLOOR_EPS) - real).detach()
+
+
+def ceil_split(
+    indices: list[Any], var_info: Callable[[Any], tuple[int, int] | None], extents: list[int]
+) -> dict[int, list[int]]:
+    """Loop levels whose extent is a ceiling division, from a store's index expressions: a
+    fused index Σ c·t whose coefficients are a mixed radix (the innermost 1, each next one the
+    previous times its loop's extent) is a split of one fused loop; its outermost level maps to
+    the levels inside it (the divisor's loops)."""
+    from gradtune.symbolic.program import _children
+
+    found: dict[int, list[int]] = {}
+
+    def visit(expr: Any) -> None:
+        term = _linear(expr, var_info) if type(expr).__name__ in ("Add", "Mul") else None
+        if term is None:
+            for child in _children(expr):
+                visit(child)
+            return
+        levels = sorted(term.coefs, key=lambda lv: term.coefs[lv])
+        if len(levels) < 2 or term.coefs[levels[0]] != 1:
+            return
+        radix = 1
+        for level in levels[:-1]:
+            if term.coefs[level] != radix:
+                return
+            radix *= extents[level]
+        if term.coefs[levels[-1]] == radix:
+            found[levels[-1]] = levels[:-1]
+
+    for expr in indices:
+        visit(expr)
+    return found
+
+
 def _linear(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -> Term | None:
     """``expr`` as O + Σ c·t (a Term with M = D = 1), or None if it is not that shape.
     ``var_info(var)``: (level, min) of a loop variable (level −1: a constant, its min)."""
@@ -196,9 +258,15 @@ def parse_region(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -
 
 
 def derive(
-    derivation: Derivation, leaf: Callable[[str], torch.Tensor], mode: str, one: torch.Tensor
+    derivation: Derivation | Quotient,
+    leaf: Callable[[str], torch.Tensor],
+    mode: str,
+    one: torch.Tensor,
 ) -> torch.Tensor:
-    """The extent from the leaves (``leaf(key)``): the formula of the module docstring."""
+    """The extent from the leaves (``leaf(key)``): the formula of the module docstring, or
+    a ceiling division (``Quotient``)."""
+    if isinstance(derivation, Quotient):
+        return quotient(derivation, leaf, one)
 
     def value(key: str | float) -> torch.Tensor:
         return one * key if isinstance(key, float) else leaf(key)

@@ -27,7 +27,7 @@ import torch
 from gradtune.symbolic.compiled import compiled, evaluate_cases
 from gradtune.symbolic.formulas import LeafFormula, fit_leaves
 from gradtune.symbolic.program import Program, extract_program
-from gradtune.symbolic.regions import derive
+from gradtune.symbolic.regions import Quotient, derive
 from gradtune.symbolic.variables import SketchVariables, TileVar
 
 
@@ -471,7 +471,11 @@ class SymbolicSketch:
         keys = list(program.values)
         const = np.full(len(keys), np.nan)
         mono_idx, exps, log_coef, offset, cat_idx, cat_col = [], [], [], [], [], []
-        derived = [(key, program.derived[key]) for key in keys if key in program.derived]
+        # Loop extents first: the region derivations read them.
+        derived = sorted(
+            ((key, program.derived[key]) for key in keys if key in program.derived),
+            key=lambda kv: not isinstance(kv[1], Quotient),
+        )
         for i, key in enumerate(keys):
             formula = local.get(key) or self.formulas.get(key)
             if key in program.derived:

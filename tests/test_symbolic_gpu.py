@@ -160,3 +160,30 @@ def test_verify_cli_with_a_bare_cuda_target():
     last = json.loads(result.stdout.strip().splitlines()[-1])
     assert last["sketches"] >= 1 and last["samples"] == 2
     assert last["gpu_verdict_agreement"] == 1.0
+
+
+def test_ceiling_division_extents_are_derived_and_verify(cuda_task):
+    """CUDA max pooling fuses its output loops and splits them by a sampled thread count that
+    need not divide them: blockIdx.x = ⌈6272 / T⌉, no closed form of the decision. The
+    extent is derived (``regions.Quotient``), every sketch verifies against TVM, and the
+    compiled features and their gradients equal ``evaluate``'s there."""
+    from gradtune.symbolic.regions import Quotient
+    from gradtune.symbolic.sketch import SymbolicSketch
+    from gradtune.symbolic.verify import design_space, load_tvmscript, summary, verify_module
+    from tests.test_symbolic_compiled import compare, mixed_points
+
+    target = cuda_task[1]
+    mod = load_tvmscript(OPS / "max_pool2d.tvmscript")
+    result = summary(verify_module(mod, target, samples=6, seed=0), 6)
+    assert result["verified_sketches"] == result["sketches"] >= 2, result["unsupported"]
+
+    _, sketches, postprocs = design_space(mod, target, seed=0)
+    rng = np.random.default_rng(0)
+    sym = SymbolicSketch.build(mod, sketches[0].trace, postprocs, True, rng, target=target)
+    threads = next(v for v in sym.variables.categoricals if v.candidates[0] == 32)  # not unroll
+    decisions = {**sym.variables.sketch_decisions(), threads.index: threads.candidates.index(1024)}
+    program = sym.replay(decisions).program
+    quotients = {k: q for k, q in program.derived.items() if isinstance(q, Quotient)}
+    assert any(program.values[k] == 7 for k in quotients)  # ⌈6272 / 1024⌉
+    for mode in ("exact", "smooth"):
+        compare(sym, mixed_points(sym, rng, spread=3), mode)

@@ -184,5 +184,5 @@ def _with_constant(bank: dict, key: str, value: float) -> dict:
     cat = bank["cat_idx"] != i
     for name in ("cat_idx", "cat_col"):
         out[name] = bank[name][cat]
-    out["derived"] = [(k, d) for k, d in bank["derived"] if k != key]
+    out["derived"] = [entry for entry in bank["derived"] if entry[0] != key]
     return out

@@ -362,39 +362,51 @@ def compiled(program: Program, bank: dict[str, Any]) -> CompiledCase:
     return case
 
 
-def _derived_arrays(b: _Builder, derived: list[tuple[str, Any]]) -> dict[str, np.ndarray]:
-    """The slots each derived leaf is computed from (``regions.derive``), padded: the
-    ceiling-division loop extents apart, as they are computed first."""
+def _derived_arrays(b: _Builder, derived: list[tuple[str, Any, int]]) -> dict[str, np.ndarray]:
+    """The slots each derived leaf is computed from (``regions.derive``), padded, per pass:
+    a leaf of pass p reads only fitted leaves and leaves of earlier passes."""
 
     def slot(key: str | float) -> int:
         return b.const(key) if isinstance(key, float) else b.leaf(key)
 
-    quotients = [(key, d) for key, d in derived if isinstance(d, Quotient)]
-    derived = [(key, d) for key, d in derived if not isinstance(d, Quotient)]
-    width = max([len(d.num) for _, d in quotients] + [len(d.den) for _, d in quotients] + [1])
-    qv = {name: np.full((max(len(quotients), 1), width), ONE, np.int64) for name in ("num", "den")}
-    qv_slot = np.full(max(len(quotients), 1), ONE, np.int64)
-    for i, (key, q) in enumerate(quotients):
-        qv_slot[i] = b.leaf(key)
-        qv["num"][i, : len(q.num)] = [b.leaf(k) for k in q.num]
-        qv["den"][i, : len(q.den)] = [b.leaf(k) for k in q.den]
+    passes = max([p for _, _, p in derived] + [0]) + 1
+    quotients = [(key, d, p) for key, d, p in derived if isinstance(d, Quotient)]
+    regions = [(key, d, p) for key, d, p in derived if not isinstance(d, Quotient)]
 
-    n = max(len(derived), 1)
-    q = max([len(d.terms) for _, d in derived] + [1])
-    t = max([len(side) for _, d in derived for term in d.terms for side in term[3:]] + [1])
-    out = {name: np.full((n, q), _PADS[name], np.int64) for name in ("dv_m", "dv_o", "dv_d")}
+    def rows(items: list) -> int:  # leaves in the fullest pass
+        return max([sum(p == q for *_, p in items) for q in range(passes)] + [1])
+
+    width = max([len(d.num) for _, d, _ in quotients] + [len(d.den) for _, d, _ in quotients] + [1])
+    shape = (passes, rows(quotients), width)
+    out = {name: np.full(shape, ONE, np.int64) for name in ("qv_num", "qv_den")}
+    out["qv_slot"] = np.full(shape[:2], ONE, np.int64)
+    used = [0] * passes
+    for key, q, p in quotients:
+        i, used[p] = used[p], used[p] + 1
+        out["qv_slot"][p, i] = b.leaf(key)
+        out["qv_num"][p, i, : len(q.num)] = [b.leaf(k) for k in q.num]
+        out["qv_den"][p, i, : len(q.den)] = [b.leaf(k) for k in q.den]
+
+    n = rows(regions)
+    q = max([len(d.terms) for _, d, _ in regions] + [1])
+    t = max([len(side) for _, d, _ in regions for term in d.terms for side in term[3:]] + [1])
+    for name in ("dv_m", "dv_o", "dv_d"):
+        out[name] = np.full((passes, n, q), _PADS[name], np.int64)
     for name in ("dv_px", "dv_pe", "dv_nx", "dv_ne"):
-        out[name] = np.full((n, q, t), _PADS[name], np.int64)
-    out["dv_slot"] = np.full(n, ONE, np.int64)
-    for i, (key, derivation) in enumerate(derived):
-        out["dv_slot"][i] = b.leaf(key)
+        out[name] = np.full((passes, n, q, t), _PADS[name], np.int64)
+    out["dv_slot"] = np.full((passes, n), ONE, np.int64)
+    used = [0] * passes
+    for key, derivation, p in regions:
+        i, used[p] = used[p], used[p] + 1
+        out["dv_slot"][p, i] = b.leaf(key)
         for j, (m, o, d, pos, neg) in enumerate(derivation.terms):
-            out["dv_m"][i, j], out["dv_o"][i, j], out["dv_d"][i, j] = slot(m), slot(o), slot(d)
+            out["dv_m"][p, i, j], out["dv_o"][p, i, j] = slot(m), slot(o)
+            out["dv_d"][p, i, j] = slot(d)
             for k, (c, e) in enumerate(pos):
-                out["dv_px"][i, j, k], out["dv_pe"][i, j, k] = slot(c), slot(e)
+                out["dv_px"][p, i, j, k], out["dv_pe"][p, i, j, k] = slot(c), slot(e)
             for k, (c, e) in enumerate(neg):
-                out["dv_nx"][i, j, k], out["dv_ne"][i, j, k] = slot(c), slot(e)
-    return {**out, "qv_slot": qv_slot, "qv_num": qv["num"], "qv_den": qv["den"]}
+                out["dv_nx"][p, i, j, k], out["dv_ne"][p, i, j, k] = slot(c), slot(e)
+    return out
 
 
 def _flags(acc: Any) -> list[bool]:
@@ -450,6 +462,7 @@ class _Plan:
     any_serial: bool
     any_derived: bool
     any_quotient: bool
+    passes: int  # of the derived leaves (regions.depths)
     stores: int  # padded
     accesses: int
     # The slot sort's inputs: the (point, access) pairs that exist.
@@ -530,6 +543,7 @@ def _plan(cases: list[CompiledCase]) -> _Plan:
         any_serial=bool(tensors["serial"].any()),
         any_derived=bool((tensors["dv_slot"] != ONE).any()),
         any_quotient=bool((tensors["qv_slot"] != ONE).any()),
+        passes=tensors["dv_slot"].shape[1],
         stores=stores,
         accesses=accesses,
         pts=pts,
@@ -575,22 +589,23 @@ def evaluate_cases(
         slots = torch.where(t["is_mono"], mono, slots)
     if plan.any_cat:
         slots = torch.where(t["is_cat"], cats.to(f64).gather(1, t["cat_col"]), slots)
-    if plan.any_quotient:
-        # regions.quotient: loop extents the region derivations below may read.
-        num = _take(slots, t["qv_num"]).prod(-1)
-        den = _take(slots, t["qv_den"]).prod(-1)
-        slots = slots.scatter(1, t["qv_slot"], ceil_quotient(num, den))
-    if plan.any_derived:
-        # regions.derive for every derived leaf at once; they read only the slots above.
-        def at(name: str) -> torch.Tensor:
-            return _take(slots, t[name])
+    # Derived leaves, pass by pass: each pass reads the slots the passes before it wrote.
+    for p in range(plan.passes):
+        if plan.any_quotient:
+            num = _take(slots, t["qv_num"][:, p]).prod(-1)
+            den = _take(slots, t["qv_den"][:, p]).prod(-1)
+            slots = slots.scatter(1, t["qv_slot"][:, p], ceil_quotient(num, den))
+        if plan.any_derived:
 
-        span_pos = (at("dv_px") * (at("dv_pe") - 1)).sum(-1)
-        span_neg = (at("dv_nx") * (at("dv_ne") - 1)).sum(-1)
-        offset, divisor = at("dv_o"), at("dv_d")
-        span = term_span(offset + span_pos, offset - span_neg, divisor, mode)
-        extent = no_gradient_when_empty(1 + (at("dv_m") * span).sum(-1))
-        slots = slots.scatter(1, t["dv_slot"], extent)
+            def at(name: str, p: int = p, slots: torch.Tensor = slots) -> torch.Tensor:
+                return _take(slots, t[name][:, p])
+
+            span_pos = (at("dv_px") * (at("dv_pe") - 1)).sum(-1)
+            span_neg = (at("dv_nx") * (at("dv_ne") - 1)).sum(-1)
+            offset, divisor = at("dv_o"), at("dv_d")
+            span = term_span(offset + span_pos, offset - span_neg, divisor, mode)
+            extent = no_gradient_when_empty(1 + (at("dv_m") * span).sum(-1))
+            slots = slots.scatter(1, t["dv_slot"][:, p], extent)
 
     # Every product of leaves; elems clamped. The factors lie along dim 1, so that ``prod``
     # multiplies them one after the other, left to right: evaluate's association, its bits.

@@ -23,7 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from gradtune.symbolic.regions import Derivation, Quotient, ceil_split, parse_region
+from gradtune.symbolic.regions import Derivation, Quotient, ceil_split, inputs, parse_region
 
 CACHE_LINE_BYTES = 64
 
@@ -369,6 +369,25 @@ def _shape(buffer: Any) -> list[int]:
     return [int(s.value) if _type(s) == "IntImm" else 1 for s in buffer.shape]
 
 
+def _scope(buffer: Any) -> str:
+    try:
+        return str(buffer.scope())
+    except (AttributeError, TypeError):
+        return "global"
+
+
+def _relaxed(scope: str, tag: str) -> bool:
+    """Whether ``CompactBufferAllocation`` sizes a buffer of ``scope`` over all the values of
+    a loop bound to thread ``tag`` that encloses the allocation (``CanRelaxStorageUnderThread``:
+    a storage rank at most the thread's rank; warp memory only over threadIdx.x)."""
+    rank = {"global": 0, "shared": 1, "warp": 2, "local": 3}.get(scope.split(".")[0], 3)
+    if not tag:
+        return False
+    if rank == 2:
+        return tag == "threadIdx.x"
+    return rank <= (0 if tag.startswith("blockIdx") else 1)
+
+
 def _bytes(buffer: Any) -> int:
     import tvm
 
@@ -400,6 +419,7 @@ class _Collector:
         self.alloc_kernels: list[str] = []
         self.pipelines: list[tuple[str, list[int], int, dict[str, int]]] = []
         self.unit_vars: list[tuple[Any, int]] = []  # removed unit loops in scope: (var, min)
+        self.alloc_at: dict[str, tuple[int, str]] = {}  # buffer → (nest depth, scope) of its alloc
         self.derived: dict[str, Derivation | Quotient] = {}
 
     # -- leaves --------------------------------------------------------------------------
@@ -443,6 +463,8 @@ class _Collector:
                     if info.tag.startswith("threadIdx"):
                         bound[info.tag] = info.key
                 self.thread_checks.append((list(bound.values()), int(low), int(high)))
+            for buffer in stmt.alloc_buffers:
+                self.alloc_at[buffer.name] = (len(self.nest), _scope(buffer))
             if stmt.init is not None:
                 self.visit(stmt.init)
             self.visit(stmt.body)
@@ -521,13 +543,20 @@ class _Collector:
         indices: list[list[Any]],
         shapes: list[list[int]],
         stored_shape: list[str],
+        buffer: Any = None,
     ) -> str:
         """Derivations of buffer ``b``'s region leaves where the index expression allows and
         they reproduce the analyzer at every level; returns the signature part.
 
         A divisor equal to the product of the stored buffer's dimensions after ``d`` is that
         product: a copy's fused index ``F // (s₂ · s₃)`` (its shape moves with the tiles,
-        halos included, so the product fits no closed form of its own)."""
+        halos included, so the product fits no closed form of its own).
+
+        With ``buffer`` (read here, allocated in an enclosing block), a dimension of its shape
+        is derived too where it is this read's region over the loops
+        ``CompactBufferAllocation`` sizes it by: those inside the allocation, and the thread
+        loops around it that the buffer's scope spans (``_relaxed``). A shared cache's shape
+        is a sum of tile terms there (a halo), no closed form of the decisions."""
         import tvm_ffi
 
         n = len(self.nest)
@@ -567,16 +596,40 @@ class _Collector:
                     for level, c in term.coefs.items()
                 }
                 keyed.append((m, o, dv, coefs))
-            for i in range(n):
+
+            def derivation(is_open: Any, keyed: list = keyed) -> Derivation:
                 terms = []
                 for m, o, dv, coefs in keyed:
-                    pos = [(k, loop_keys[lv]) for lv, (k, up) in coefs.items() if lv >= i and up]
+                    pos = [
+                        (k, loop_keys[lv]) for lv, (k, up) in coefs.items() if is_open(lv) and up
+                    ]
                     neg = [
-                        (k, loop_keys[lv]) for lv, (k, up) in coefs.items() if lv >= i and not up
+                        (k, loop_keys[lv])
+                        for lv, (k, up) in coefs.items()
+                        if is_open(lv) and not up
                     ]
                     if pos or neg:
                         terms.append((m, o, dv, pos, neg))
-                self.derived[f"N:{skey}:{b}:{loop_keys[i]}:{d}"] = Derivation(terms)
+                return Derivation(terms)
+
+            for i in range(n):
+                self.derived[f"N:{skey}:{b}:{loop_keys[i]}:{d}"] = derivation(
+                    lambda lv, i=i: lv >= i
+                )
+            if buffer is not None and b in self.alloc_at:
+                depth, scope = self.alloc_at[b]
+                relaxed = {
+                    lv for lv in range(n) if lv >= depth or _relaxed(scope, self.nest[lv][1].tag)
+                }
+                shape_key = self.buffer_shape_keys(buffer)[d]
+                found = derivation(relaxed.__contains__)
+                if (
+                    shape_key not in self.derived
+                    and form.extent(relaxed.__contains__, extents) == self.values[shape_key]
+                    and not any(k in self.derived for k in inputs(found))
+                ):
+                    self.derived[shape_key] = found
+                    parts[-1] += "B"
         return "|".join(parts)
 
     def derive_quotients(self, store: Any) -> None:
@@ -612,12 +665,8 @@ class _Collector:
             [info.key for _, info in self.nest],
             _bytes(buffer),
         )
-        try:
-            scope = str(buffer.scope())
-        except (AttributeError, TypeError):
-            scope = "global"
         self.allocations.append(
-            (buffer.name, self.buffer_shape_keys(buffer), _bytes(buffer), scope)
+            (buffer.name, self.buffer_shape_keys(buffer), _bytes(buffer), _scope(buffer))
         )
         self.alloc_kernels.append(self.kernel())
 
@@ -695,7 +744,10 @@ class _Collector:
                     shape0[b] = shape
         stored_shape = self.buffer_shape_keys(store.buffer)
         forms = {
-            b: self.derive_regions(skey, b, indices[b], shapes[b], stored_shape) for b in order
+            b: self.derive_regions(
+                skey, b, indices[b], shapes[b], stored_shape, buffers[b] if access[b] == 0 else None
+            )
+            for b in order
         }
         self.derive_quotients(store)
         for b in order:

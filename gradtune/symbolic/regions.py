@@ -57,13 +57,15 @@ class RegionForm:
 
     terms: list[Term]
 
-    def extent(self, first_open: int, extents: list[int]) -> int:
-        """The extent with loops at levels ≥ ``first_open`` open (the analyzer's answer)."""
+    def extent(self, first_open: int | Callable[[int], bool], extents: list[int]) -> int:
+        """The extent with loops at levels ≥ ``first_open`` open (the analyzer's answer), or
+        at the levels ``first_open(level)`` says are open."""
+        is_open = first_open if callable(first_open) else first_open.__le__
         total = 1
         for term in self.terms:
             hi = lo = term.offset
             for level, c in term.coefs.items():
-                if level >= first_open:
+                if is_open(level):
                     span = c * (extents[level] - 1)
                     hi, lo = (hi + span, lo) if c > 0 else (hi, lo + span)
             total += abs(term.mult) * (hi // term.divisor - lo // term.divisor)
@@ -255,6 +257,37 @@ def parse_region(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -
     linear.coefs = {k: abs(c) for k, c in linear.coefs.items() if c}
     terms = ([linear] if linear.coefs else []) + divs
     return RegionForm(terms)
+
+
+def inputs(derivation: Derivation | Quotient) -> list[str]:
+    """The leaf keys a derived leaf is computed from."""
+    if isinstance(derivation, Quotient):
+        return [*derivation.num, *derivation.den]
+    keys = []
+    for m, o, d, pos, neg in derivation.terms:
+        keys += [k for k in (m, o, d) if isinstance(k, str)]
+        keys += [k for pair in (*pos, *neg) for k in pair]
+    return keys
+
+
+def depths(derived: dict[str, Derivation | Quotient]) -> dict[str, int]:
+    """Per derived leaf, the pass it can be computed in: 0 when it reads only fitted leaves,
+    else one more than the deepest derived leaf it reads (a copy's loop extent is a quotient
+    of its buffer's shape, itself derived from a reader's region, and the copy's regions read
+    that loop extent)."""
+    out: dict[str, int] = {}
+
+    def depth(key: str, path: tuple[str, ...]) -> int:
+        if key not in out:
+            if key in path:
+                raise ValueError(f"derived leaves depend on each other in a cycle: {key}")
+            reads = [k for k in inputs(derived[key]) if k in derived]
+            out[key] = 1 + max((depth(k, (*path, key)) for k in reads), default=-1)
+        return out[key]
+
+    for key in derived:
+        depth(key, ())
+    return out
 
 
 def derive(

@@ -27,7 +27,7 @@ import torch
 from gradtune.symbolic.compiled import compiled, evaluate_cases
 from gradtune.symbolic.formulas import LeafFormula, fit_leaves
 from gradtune.symbolic.program import Program, extract_program
-from gradtune.symbolic.regions import Quotient, derive
+from gradtune.symbolic.regions import depths, derive
 from gradtune.symbolic.variables import SketchVariables, TileVar
 
 
@@ -457,7 +457,7 @@ class SymbolicSketch:
         # unbind, not values[:, i]: its backward is one stack, not one (batch, K) scatter per leaf.
         out = dict(zip(bank["keys"], values.unbind(1), strict=True))
         one = torch.ones(batch, dtype=torch.float64)
-        for key, derivation in bank["derived"]:
+        for key, derivation, _ in bank["derived"]:
             out[key] = derive(derivation, out.__getitem__, mode, one)
         return out
 
@@ -471,10 +471,11 @@ class SymbolicSketch:
         keys = list(program.values)
         const = np.full(len(keys), np.nan)
         mono_idx, exps, log_coef, offset, cat_idx, cat_col = [], [], [], [], [], []
-        # Loop extents first: the region derivations read them.
+        # In dependency order (a derived leaf may read others), with the pass of each.
+        depth = depths(program.derived)
         derived = sorted(
-            ((key, program.derived[key]) for key in keys if key in program.derived),
-            key=lambda kv: not isinstance(kv[1], Quotient),
+            ((key, program.derived[key], depth[key]) for key in keys if key in program.derived),
+            key=lambda kdp: kdp[2],
         )
         for i, key in enumerate(keys):
             formula = local.get(key) or self.formulas.get(key)

@@ -140,7 +140,8 @@ class Program:
     # Software-pipelined loops (InjectSoftwarePipeline, run by VerifyGPUCode's lowering): (loop
     # key, stage annotation, children of the pipeline body, versions per buffer it allocates).
     pipelines: list[tuple[str, list[int], int, dict[str, int]]] = field(default_factory=list)
-    # Region-extent leaves computed from other leaves rather than fitted (regions.py).
+    # Leaves computed from other leaves rather than fitted (regions.py): region extents, and
+    # ceiling-division loop extents, cache shapes and divisors (products/quotients of leaves).
     derived: dict[str, Derivation | Quotient] = field(default_factory=dict)
     _signature: str | None = field(default=None, repr=False, compare=False)
     _store_signatures: dict[str, str] | None = field(default=None, repr=False, compare=False)
@@ -639,13 +640,9 @@ class _Collector:
         and a case with too few neighbours to fit ``N / D`` on still gets it right."""
         extents = [int(loop.extent.value) for loop, _ in self.nest]
         shape_keys = self.buffer_shape_keys(store.buffer)
-        numel = 1
-        for key in shape_keys:
-            numel *= self.values[key]
+        numel = math.prod(self.values[key] for key in shape_keys)
         for outer, inner in ceil_split(list(store.indices), self.var_info, extents).items():
-            divisor = 1
-            for level in inner:
-                divisor *= extents[level]
+            divisor = math.prod(extents[level] for level in inner)
             info = self.nest[outer][1]
             if info.key in self.derived:
                 continue

@@ -376,13 +376,20 @@ def _derived_arrays(b: _Builder, derived: list[tuple[str, Any, int]]) -> dict[st
     def rows(items: list) -> int:  # leaves in the fullest pass
         return max([sum(p == q for *_, p in items) for q in range(passes)] + [1])
 
+    def placed(items: list) -> list[tuple[int, int, str, Any]]:
+        """(pass, row within the pass, key, derivation) of every item."""
+        used = [0] * passes
+        out = []
+        for key, derivation, p in items:
+            out.append((p, used[p], key, derivation))
+            used[p] += 1
+        return out
+
     width = max([len(d.num) for _, d, _ in quotients] + [len(d.den) for _, d, _ in quotients] + [1])
     shape = (passes, rows(quotients), width)
     out = {name: np.full(shape, ONE, np.int64) for name in ("qv_num", "qv_den")}
     out["qv_slot"] = np.full(shape[:2], ONE, np.int64)
-    used = [0] * passes
-    for key, q, p in quotients:
-        i, used[p] = used[p], used[p] + 1
+    for p, i, key, q in placed(quotients):
         out["qv_slot"][p, i] = b.leaf(key)
         out["qv_num"][p, i, : len(q.num)] = [b.leaf(k) for k in q.num]
         out["qv_den"][p, i, : len(q.den)] = [b.leaf(k) for k in q.den]
@@ -395,9 +402,7 @@ def _derived_arrays(b: _Builder, derived: list[tuple[str, Any, int]]) -> dict[st
     for name in ("dv_px", "dv_pe", "dv_nx", "dv_ne"):
         out[name] = np.full((passes, n, q, t), _PADS[name], np.int64)
     out["dv_slot"] = np.full((passes, n), ONE, np.int64)
-    used = [0] * passes
-    for key, derivation, p in regions:
-        i, used[p] = used[p], used[p] + 1
+    for p, i, key, derivation in placed(regions):
         out["dv_slot"][p, i] = b.leaf(key)
         for j, (m, o, d, pos, neg) in enumerate(derivation.terms):
             out["dv_m"][p, i, j], out["dv_o"][p, i, j] = slot(m), slot(o)

@@ -144,12 +144,13 @@ def evaluate(
         for acc in store.accesses:
             nbytes = float(acc.dtype_bytes)
             bytes_ = prod * nbytes
+            stride_elems = _prod([leaf(k) for k in acc.stride_keys], one)
             if n == 0:
                 unique_bytes = lines = unique_lines = one
             else:
                 unique_bytes = elems(acc.numel_keys[0]) * nbytes
                 inner = _prod([extents[j] for j in range(acc.stride_level + 1, n)], one)
-                ratio = _prod([leaf(k) for k in acc.stride_keys], one) * nbytes / CACHE_LINE_BYTES
+                ratio = stride_elems * nbytes / CACHE_LINE_BYTES
                 lines = prod / inner * smooth_min(one, ratio, mode)
                 lines = smooth_max(one, lines, mode)
                 if acc.continuous_dim_key:
@@ -179,10 +180,7 @@ def evaluate(
             else:
                 reuse_ct, dis_iter, dis_bytes = zero, zero, zero
             proxy = reuse_ct if acc.reuse_type != 2 else one * 0.5
-            if acc.stride_level == n - 1 and n > 0:
-                stride = _prod([leaf(k) for k in acc.stride_keys], one)
-            else:
-                stride = zero
+            stride = stride_elems if acc.stride_level == n - 1 and n > 0 else zero
             vector = [
                 one * (acc.access_type == 0),
                 one * (acc.access_type == 1),

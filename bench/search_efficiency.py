@@ -39,7 +39,7 @@ def time_to(curve: list[tuple[float, float]], target_us: float) -> float | None:
 
 
 def run_model(name: str, minutes: float, per_round: int, tracker, order: tuple, work: Path):
-    from gradtune import compile as compile_mod
+    from gradtune import compilation
     from gradtune.frontend import load_model
     from gradtune.partition import partition
     from gradtune.search import make_strategy
@@ -82,12 +82,12 @@ def run_model(name: str, minutes: float, per_round: int, tracker, order: tuple, 
             entry["cost_model"] = strategy.cost_model.source
         out[searcher] = entry
     executables = {
-        s: compile_mod.build(fused, target, open_database(work / f"{name}-{s}")) for s in order
+        s: compilation.build(fused, target, open_database(work / f"{name}-{s}")) for s in order
     }
-    runners = {s: compile_mod.Runner(e, target, model.inputs) for s, e in executables.items()}
+    runners = {s: compilation.Runner(e, target, model.inputs) for s, e in executables.items()}
     for s, runner in runners.items():
-        compile_mod.verify(runner.outputs(), model.reference_outputs, f"{name} tuned by {s}")
-    latency = compile_mod.time_interleaved({s: r.run for s, r in runners.items()})
+        compilation.verify(runner.outputs(), model.reference_outputs, f"{name} tuned by {s}")
+    latency = compilation.time_interleaved({s: r.run for s, r in runners.items()})
     for s in order:
         out[s]["final_e2e_ms"] = round(latency[s], 4)
     return out

@@ -118,7 +118,7 @@ def load_pytorch(path: Path, entry: str = "get_model") -> ImportedModel:
             f"TVM could not import {path.name}: {type(err).__name__}: {_first_line(err)}"
         ) from None
     mod, params = relax.frontend.detach_params(mod)
-    params = _named_params(mod, params.get("main", []))
+    params = named_params(mod, params.get("main", []))
 
     def run_reference():
         with torch.no_grad():
@@ -136,7 +136,7 @@ def load_pytorch(path: Path, entry: str = "get_model") -> ImportedModel:
     )
 
 
-def _named_params(mod, param_values: list) -> dict[str, Any]:
+def named_params(mod, param_values: list) -> dict[str, Any]:
     """Name the detached weights by the Relax parameters they belong to.
 
     ``main``'s signature is (inputs..., weights...); the weights are the trailing params.
@@ -234,7 +234,7 @@ def load_onnx(path: Path, input_shapes: dict[str, list[int]]) -> ImportedModel:
     reference = session.run(None, feed)
 
     mod, params = relax.frontend.detach_params(mod)
-    params = _named_params(mod, params.get("main", []))
+    params = named_params(mod, params.get("main", []))
 
     return ImportedModel(
         name=path.stem,

@@ -48,7 +48,8 @@ def prepare(mod: Any, params: dict[str, Any], target: Any) -> Any:
     """Bind weights, lower to fused TIR (the form both task extraction and compile consume).
 
     ``extract_tasks`` on a freshly imported module finds nothing; it needs the decomposition
-    and legalization first (DESIGN.md §5).
+    and legalization first (``DecomposeOpsForInference``, ``CanonicalizeBindings``, then the
+    target's library-dispatch and legalize passes, which fuse operators into PrimFuncs).
     """
     import tvm
     from tvm import relax

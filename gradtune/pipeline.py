@@ -19,13 +19,12 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import compile as compile_mod
-from . import registry, report
+from . import compilation, registry, report
 from .frontend import ImportedModel, load_model
 from .job import TuneJob
 from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
 from .partition import TuningTask, partition
-from .target import make_target
+from .target import is_gpu, make_target
 from .tune import RoundRecord, TuneResult, tune
 
 log = logging.getLogger(__name__)
@@ -149,20 +148,20 @@ def compile_stage(
     from .tune import open_database
 
     target = make_target(target_config)
-    untuned_exec = compile_mod.build(fused, target)
-    tuned_exec = compile_mod.build(fused, target, open_database(job.out_dir))
-    untuned = compile_mod.Runner(untuned_exec, target, model.inputs)
-    tuned = compile_mod.Runner(tuned_exec, target, model.inputs)
-    untuned_err = compile_mod.verify(untuned.outputs(), model.reference_outputs, "untuned TVM")
-    tuned_err = compile_mod.verify(tuned.outputs(), model.reference_outputs, "tuned TVM")
-    latencies = compile_mod.time_interleaved(
+    untuned_exec = compilation.build(fused, target)
+    tuned_exec = compilation.build(fused, target, open_database(job.out_dir))
+    untuned = compilation.Runner(untuned_exec, target, model.inputs)
+    tuned = compilation.Runner(tuned_exec, target, model.inputs)
+    untuned_err = compilation.verify(untuned.outputs(), model.reference_outputs, "untuned TVM")
+    tuned_err = compilation.verify(tuned.outputs(), model.reference_outputs, "tuned TVM")
+    latencies = compilation.time_interleaved(
         {"untuned": untuned.run, "tuned": tuned.run, "reference": model.run_reference}
     )
     log.info(
         "latency ms: untuned %.3f, tuned %.3f, reference %.3f; max abs error %.2g",
         latencies["untuned"], latencies["tuned"], latencies["reference"], tuned_err,
     )  # fmt: skip
-    lib_path = compile_mod.export(tuned_exec, job.out_dir / "model.so")
+    lib_path = compilation.export(tuned_exec, job.out_dir / "model.so")
     return CompileResult(
         untuned_ms=latencies["untuned"],
         tuned_ms=latencies["tuned"],
@@ -201,7 +200,7 @@ def summarize(
         "speedup_vs_reference": compiled.reference_ms / compiled.tuned_ms,
         "max_abs_err": compiled.max_abs_err,
         "untuned_max_abs_err": compiled.untuned_max_abs_err,
-        "tolerance": {"rtol": compile_mod.RTOL, "atol_scale": compile_mod.ATOL_SCALE},
+        "tolerance": {"rtol": compilation.RTOL, "atol_scale": compilation.ATOL_SCALE},
         "registered": f"{registered_name(job)}@{job.alias}",
         "mlflow_uri": mlflow_uri,
         "stage_seconds": stage_seconds,
@@ -274,17 +273,13 @@ def report_and_register_stage(
         database_files=sorted(job.out_dir.glob("database_*.json")),
         report_files=files,
         io=registry.io_description(
-            model.input_names, model.inputs, "cuda" if spec_is_gpu(job) else "cpu"
+            model.input_names, model.inputs, "cuda" if is_gpu(job.target) else "cpu"
         ),
         work_dir=job.out_dir,
     )
     summary.update(run_id=info["run_id"], model_version=info["version"])
     (job.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
-
-
-def spec_is_gpu(job: TuneJob) -> bool:
-    return job.target.get("kind") == "cuda"
 
 
 def print_summary(summary: dict[str, Any]) -> None:

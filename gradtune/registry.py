@@ -96,7 +96,7 @@ def register(
     io_path = work_dir / "io.json"
     io_path.write_text(json.dumps(io, indent=2))
     with mlflow.start_run(run_name=registered_name) as run:
-        mlflow.log_params({k: _param(v) for k, v in params.items()})
+        mlflow.log_params({k: mlflow_param(v) for k, v in params.items()})
         for step, metrics in enumerate(round_metrics, start=1):
             finite = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
             if finite:
@@ -116,7 +116,9 @@ def register(
                 python_model=str(Path(__file__).with_name("serving.py")),
                 artifacts=artifacts,
                 registered_model_name=registered_name,
-                pip_requirements=_requirements(),
+                pip_requirements=pip_requirements(
+                    "apache-tvm", "apache-tvm-ffi", "numpy", "mlflow"
+                ),
             )
         version = str(info.registered_model_version)
         run_id = run.info.run_id
@@ -124,20 +126,16 @@ def register(
     return {"run_id": run_id, "version": version, "registered": f"{registered_name}@{alias}"}
 
 
-def _param(value: Any) -> str:
+def mlflow_param(value: Any) -> str:
     text = value if isinstance(value, str) else json.dumps(value, default=str)
     return text[:6000]  # MLflow caps parameter values
 
 
-def _requirements() -> list[str]:
+def pip_requirements(*packages: str) -> list[str]:
+    """Exact pins of the installed ``packages``, for a model that loads where they are."""
     from importlib.metadata import version
 
-    return [
-        f"apache-tvm=={version('apache-tvm')}",
-        f"apache-tvm-ffi=={version('apache-tvm-ffi')}",
-        f"numpy=={version('numpy')}",
-        f"mlflow=={version('mlflow')}",
-    ]
+    return [f"{p}=={version(p)}" for p in packages]
 
 
 def pull(ref: str, out_dir: Path, tracking_uri: str | None) -> dict[str, Any]:

@@ -268,7 +268,8 @@ def tune(
     loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tasks])
     # One strategy object for the run: each TuneContext clones it, and gradtune's clones share
     # the online cost model, so what one task measures teaches the search of the others.
-    from .search.stoppable import Stoppable, StopSignal
+    from .search.stoppable import Stoppable
+    from .stop import StopSignal
 
     strategy = (
         make_strategy(search, target.kind.name, tracking_uri=tracking_uri)

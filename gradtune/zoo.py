@@ -314,7 +314,7 @@ def import_model(name: str, batch: int) -> tuple[Any, dict[str, Any]]:
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
 
-    from .frontend import _named_params
+    from .frontend import named_params
 
     if name not in BUILDERS:
         raise GradtuneError(
@@ -325,7 +325,7 @@ def import_model(name: str, batch: int) -> tuple[Any, dict[str, Any]]:
         exported = torch.export.export(model, example)
     mod = from_exported_program(exported, keep_params_as_input=True)
     mod, params = relax.frontend.detach_params(mod)
-    return mod, _named_params(mod, params.get("main", []))
+    return mod, named_params(mod, params.get("main", []))
 
 
 def model_tag(name: str, batch: int) -> str:

@@ -71,7 +71,7 @@ def mlflow_server(tmp_path_factory):
             "--backend-store-uri", f"sqlite:///{root / 'mlflow.db'}",
             "--artifacts-destination", str(root / "artifacts"), "--workers", "1"]  # fmt: skip
     uri = f"http://127.0.0.1:{port}"
-    # Job execution off halves the server's memory (DESIGN.md §5).
+    # Job execution off halves the server's memory (to ~0.5 GB).
     with http_server(argv, uri + "/health", {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}):
         yield uri
 

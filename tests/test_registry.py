@@ -8,8 +8,7 @@ import sys
 
 import pytest
 
-from gradtune import compile as compile_mod
-from gradtune import registry
+from gradtune import compilation, registry
 from gradtune.errors import GradtuneError
 from gradtune.measure.rpc_fleet import free_port
 from gradtune.partition import prepare
@@ -31,7 +30,7 @@ def test_register_on_server_and_pull_in_fresh_process(
     mlflow_server, tiny_model, llvm_target, tmp_path
 ):
     fused = prepare(tiny_model.mod, tiny_model.params, llvm_target)
-    lib = compile_mod.export(compile_mod.build(fused, llvm_target), tmp_path / "model.so")
+    lib = compilation.export(compilation.build(fused, llvm_target), tmp_path / "model.so")
     db = tmp_path / "database_workload.json"
     db.write_text("")
     report = tmp_path / "report.md"

@@ -40,13 +40,18 @@ def register(
     import mlflow
     from mlflow import MlflowClient
 
-    from gradtune.registry import _param, check_tracking_uri, use_experiment
+    from gradtune.registry import (
+        check_tracking_uri,
+        mlflow_param,
+        pip_requirements,
+        use_experiment,
+    )
 
     check_tracking_uri(tracking_uri)
     use_experiment(tracking_uri, EXPERIMENT)
     name = registered_name(target_kind)
     with mlflow.start_run(run_name=f"pretrain-{target_kind}") as run:
-        mlflow.log_params({k: _param(v) for k, v in params.items()})
+        mlflow.log_params({k: mlflow_param(v) for k, v in params.items()})
         for epoch, loss in enumerate(history, start=1):
             mlflow.log_metric("train_loss", float(loss), step=epoch)
         finite = {k: float(v) for k, v in metrics.items() if math.isfinite(float(v))}
@@ -61,17 +66,11 @@ def register(
                 python_model=str(Path(__file__).with_name("costmodel_serving.py")),
                 artifacts={"weights": str(weights)},
                 registered_model_name=name,
-                pip_requirements=_requirements(),
+                pip_requirements=pip_requirements("torch", "numpy", "mlflow"),
             )
         version = str(info.registered_model_version)
     MlflowClient().set_registered_model_alias(name, ALIAS, version)
     return {"run_id": run.info.run_id, "version": version, "registered": f"{name}@{ALIAS}"}
-
-
-def _requirements() -> list[str]:
-    from importlib.metadata import version
-
-    return [f"{p}=={version(p)}" for p in ("torch", "numpy", "mlflow")]
 
 
 def download_champion(tracking_uri: str, target_kind: str, dst: Path) -> Path:

@@ -20,6 +20,7 @@ import torch
 from gradtune.dataset import family as operator_family
 from gradtune.symbolic.features import evaluate
 from gradtune.symbolic.program import extract_program
+from gradtune.target import is_gpu as target_is_gpu
 
 
 @dataclass
@@ -110,7 +111,7 @@ def from_records(
     import tvm_ffi
 
     skipped = skipped if skipped is not None else Skipped()
-    is_gpu = "gpu" in [str(k) for k in target.keys]
+    is_gpu = target_is_gpu(target)
     by_key: dict[str, WorkloadData] = {}
     for record in records:
         if progress is not None:

@@ -2,7 +2,8 @@
 
 The stock ``default_build`` imports ``tvm.s_tir.tensor_intrin`` in every fresh worker: ~29 s on
 2 cores against a 30 s build timeout, so every trial fails and tuning silently does nothing
-(DESIGN.md §5). CPU float schedules never tensorize with those intrinsics; CUDA ones may, so
+(``tune_relax`` then returns an untuned module, reporting "Total trials: 0"). CPU float
+schedules never tensorize with those intrinsics; CUDA ones may, so
 GPU builds still import them.
 """
 

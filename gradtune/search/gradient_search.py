@@ -27,9 +27,10 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from gradtune.costmodel.online import OnlineCostModel
-from gradtune.search.stoppable import StopSignal
-from gradtune.symbolic.sketch import SymbolicSketch, _decision_key
+from gradtune.stop import StopSignal
+from gradtune.symbolic.sketch import SymbolicSketch, decision_key
 from gradtune.symbolic.variables import sampling_insts_of
+from gradtune.target import is_gpu as target_is_gpu
 
 log = logging.getLogger("gradtune.search")
 
@@ -114,7 +115,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         self.per_iter = int(num_trials_per_iter)
         mod = self.context.mod
         postprocs = list(self.context.space_generator.postprocs)
-        is_gpu = "gpu" in [str(k) for k in self.context.target.keys]
+        is_gpu = target_is_gpu(self.context.target)
         self.sketches = []
         for space in design_spaces:
             try:
@@ -169,7 +170,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         for (sym, decisions), score, result in zip(
             self._pending, self._pending_scores, results, strict=False
         ):
-            self.measured.add(_decision_key(decisions))
+            self.measured.add(decision_key(decisions))
             secs = [float(s) for s in (result.run_secs or [])]
             if result.error_msg is None and secs:
                 predicted.append(score)
@@ -209,7 +210,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
             for sym in self.sketches:
                 decisions = _decisions_of(sym, record.trace)
                 if decisions is not None:
-                    self.measured.add(_decision_key(decisions))
+                    self.measured.add(decision_key(decisions))
                     break
 
     def _search(self, count: int) -> list[tuple[SymbolicSketch, dict, float]]:
@@ -230,7 +231,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
                         group["lr"] = cfg.lr * 0.2
                 for row in x.detach().numpy()[alive.numpy()]:
                     decisions = sym.variables.round(row)
-                    candidates.setdefault(_decision_key(decisions), (sym, decisions))
+                    candidates.setdefault(decision_key(decisions), (sym, decisions))
                 feats = sym.features(x, "smooth", refit=False)
                 valid = [i for i, f in enumerate(feats) if f is not None and alive[i]]
                 if not valid:

@@ -11,19 +11,12 @@ the signal itself.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-
-@dataclass
-class StopSignal:
-    stopped: bool = False
-
-    def set(self) -> None:
-        self.stopped = True
+from gradtune.stop import StopSignal
 
 
 @derived_object

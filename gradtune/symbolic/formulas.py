@@ -1,5 +1,6 @@
 """Leaf formulas: every schedule-dependent integer of a program as a closed form of the
-sketch's decisions, found by probing (DESIGN §4.2).
+sketch's decisions, found by probing: replaying a sketch at random
+perfect tilings keeps its loop names and order, and every extent fits a closed form.
 
 A sketch is replayed at random valid decisions; each leaf (loop extent, elements touched per
 loop level, stride, buffer shape, unroll step) is matched by name across the replays and fitted

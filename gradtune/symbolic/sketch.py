@@ -5,8 +5,9 @@ a closed form of the decisions. ``features(x, mode)`` is then a torch function o
 continuous point ``x``: the leaves are evaluated from ``x`` (tile factors 2^(Σ exponent · log2
 prime), categoricals 2^x − 1), and the program's *case* — which loops exist after unit-loop
 removal, fusion for parallelism, vectorization and unrolling, as ``PerStoreFeature`` sees them
-— is the one of the rounded point, replayed once in TVM and cached by its decisions (DESIGN
-§4b: case boundaries are where TVM's lowering branches). Within a case the features are smooth
+— is the one of the rounded point, replayed once in TVM and cached by its decisions (case
+boundaries are where TVM's lowering branches: one closed form over a whole sketch leaves a
+fifth of the feature cells piecewise, one per case is exact). Within a case the features are smooth
 in ``x``; across cases they jump, which is what the rounded candidates are re-scored for.
 """
 
@@ -31,7 +32,7 @@ from gradtune.symbolic.regions import depths, derive
 from gradtune.symbolic.variables import SketchVariables, TileVar
 
 
-def _decision_key(decisions: dict[int, Any]) -> tuple:
+def decision_key(decisions: dict[int, Any]) -> tuple:
     return tuple((i, tuple(v) if isinstance(v, list) else v) for i, v in sorted(decisions.items()))
 
 
@@ -162,7 +163,7 @@ class SymbolicSketch:
     # -- probing ------------------------------------------------------------------------------
     def replay(self, decisions: dict[int, Any]) -> Probe | None:
         """Apply integer decisions in TVM (cached): the case program, or None if invalid."""
-        key = _decision_key(decisions)
+        key = decision_key(decisions)
         if key not in self._cases:
             self._cases[key] = self._apply(decisions, self.postprocs)
             self.probes += 1
@@ -173,7 +174,7 @@ class SymbolicSketch:
         the probe), the uncached ones run concurrently: TVM releases the GIL."""
         if submit is None:
             return [self.replay(decisions) for decisions in batch]
-        keys = [_decision_key(decisions) for decisions in batch]
+        keys = [decision_key(decisions) for decisions in batch]
         jobs: dict[tuple, Any] = {}
         for key, decisions in zip(keys, batch, strict=True):
             if key not in self._cases and key not in jobs:
@@ -337,7 +338,7 @@ class SymbolicSketch:
         wanted = self.n_columns + 2
         same: list[Probe] = []  # whole-program case equal
         tried: list[Probe] = []  # every neighbour replayed
-        seen = {_decision_key(probe.decisions)}
+        seen = {decision_key(probe.decisions)}
         frontier, budget = [probe.decisions], 4 * wanted
         # Breadth-first over one-prime moves: a case that is narrow around the point (few
         # non-unit factors) is reached two moves away.
@@ -345,7 +346,7 @@ class SymbolicSketch:
             nxt, reached = [], len(tried)
             for start in frontier:
                 for decisions in self.neighbours(start, rng):
-                    key = _decision_key(decisions)
+                    key = decision_key(decisions)
                     if key in seen or budget <= 0 or len(same) >= wanted:
                         continue
                     seen.add(key)

@@ -20,6 +20,7 @@ import torch
 
 from gradtune.errors import GradtuneError
 from gradtune.symbolic.features import FEATURE_NAMES, FEATURES, GROUPS
+from gradtune.target import is_gpu as target_is_gpu
 
 TOLERANCE = 1e-4
 VERIFIED_FRACTION = 0.99
@@ -123,7 +124,7 @@ def verify_module(
     from gradtune.symbolic.sketch import SymbolicSketch
 
     ctx, sketches, postprocs = design_space(mod, target, seed)
-    is_gpu = "gpu" in [str(k) for k in target.keys]
+    is_gpu = target_is_gpu(target)
     extractor = ms.feature_extractor.PerStoreFeature()
     args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     rng = np.random.default_rng(seed)

@@ -1,2 +1,6 @@
-"""Entry points of the DVC stages (dvc.yaml): collect (the dataset); featurize and pretrain
-come with the cost-model pretraining (issue 4, part 3)."""
+"""The DVC pipeline's stage commands (``dvc.yaml``): collect, featurize, pretrain.
+
+Each module is a command line only: it reads its section of ``params.yaml``, calls gradtune's
+library (``gradtune.dataset``, ``gradtune.costmodel.featurize``, ``gradtune.costmodel.pretrain``),
+prints a one-line result and returns an exit code DVC can act on.
+"""

@@ -1,4 +1,8 @@
-"""Flow: measure the model zoo into a TenSet-style dataset (``gradtune dataset collect``)."""
+"""Flow: measure the model zoo into a TenSet-style dataset (``gradtune dataset collect``).
+
+``settings`` and ``tracker`` are dataclasses, which Prefect's UI renders as forms of typed
+fields; ``target`` is text: "llvm" (this CPU) or a JSON target object.
+"""
 
 from __future__ import annotations
 
@@ -7,30 +11,32 @@ from typing import Any
 from prefect import flow
 
 from gradtune.dataset import CollectSettings
-from tasks.dataset import collect_records, summarize, write_card
+from gradtune.entrypoints import load_tasks
+from gradtune.measure.rpc_fleet import Tracker
+from gradtune.target import parse_target
+
+dataset = load_tasks("dataset", __file__)
 
 
 @flow(name="collect-dataset", log_prints=False)
 def collect_dataset(
     out: str,
     zoo: str,
-    target: dict[str, Any],
-    settings: dict[str, Any],
+    target: str,
+    settings: CollectSettings,
     max_workloads: int | None = None,
     time_budget: float | None = None,
-    tracker: dict[str, Any] | None = None,
+    tracker: Tracker | None = None,
 ) -> dict[str, Any]:
     """zoo → deduplicated workloads → sampled, built, RPC-measured records → manifest + card."""
-    from gradtune.measure.rpc_fleet import Tracker
-
-    manifest = collect_records(
+    manifest = dataset.collect_records(
         out,
         zoo,
-        target,
-        CollectSettings(**settings),
-        tracker=Tracker(**tracker) if tracker else None,
+        parse_target(target),
+        settings,
+        tracker=tracker,
         max_workloads=max_workloads,
         time_budget=time_budget,
     )
-    write_card(out, manifest)
-    return summarize(out)
+    dataset.write_card(out, manifest)
+    return dataset.summarize_dataset(out)

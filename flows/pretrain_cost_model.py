@@ -2,16 +2,19 @@
 
 dataset → smooth symbolic features → MLP weights (bundled file + provenance) → MLflow run and
 ``gradtune-costmodel-<target>@champion`` when a tracking URI is given. The DVC stages
-``featurize`` and ``pretrain`` run the same code without Prefect.
+``featurize`` and ``pretrain`` run the same library functions without Prefect.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from prefect import flow
 
-from tasks.costmodel import featurize, pretrain, register
+from gradtune.entrypoints import load_tasks
+
+costmodel = load_tasks("costmodel", __file__)
 
 
 @flow(name="pretrain-cost-model", log_prints=False)
@@ -26,15 +29,14 @@ def pretrain_cost_model(
     tracking_uri: str | None = None,
     reuse_features: bool = False,
 ) -> dict[str, Any]:
-    from pathlib import Path
-
     summary: dict[str, Any] = {}
     if not (reuse_features and Path(features).is_file()):
-        summary["featurize"] = featurize(data, features)
-    info, history = pretrain(features, weights, loss, epochs, lr, seed)
+        summary["featurize"] = costmodel.featurize_dataset(data, features)
+    info, history = costmodel.pretrain_weights(features, weights, loss, epochs, lr, seed)
     summary.update({k: info[k] for k in ("workloads", "records", "final_loss", "train_seconds")})
     summary["weights"] = weights
     if tracking_uri:
         params = {"loss": loss, "epochs": epochs, "lr": lr, "seed": seed, "data": data}
-        summary["registered"] = register(weights, tracking_uri, params, history)["registered"]
+        registered = costmodel.register_champion(weights, tracking_uri, params, history)
+        summary["registered"] = registered["registered"]
     return summary

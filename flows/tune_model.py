@@ -1,4 +1,8 @@
-"""Flow: tune one model end to end and register it (the CLI's ``gradtune tune``)."""
+"""Flow: tune one model end to end and register it (the CLI's ``gradtune tune``).
+
+Its parameters are ``gradtune.job.TuneJob``'s fields, flat and typed so that Prefect's UI
+renders them as a form; ``target`` is text: "llvm" (this CPU), "cuda", or a JSON target object.
+"""
 
 from __future__ import annotations
 
@@ -6,32 +10,40 @@ from typing import Any
 
 from prefect import flow
 
-from gradtune.job import TuneJob, mark_out_dir
-from gradtune.pipeline import StageTimes
-from tasks.tuning import (
-    compile_model,
-    import_model,
-    partition_model,
-    report_and_register,
-    tune_model_tasks,
-)
+from gradtune.entrypoints import load_tasks
+from gradtune.job import make_job
+
+tuning = load_tasks("tuning", __file__)
 
 
 @flow(name="tune-model", log_prints=False)
-def tune_model(job: dict[str, Any], fingerprint: str) -> dict[str, Any]:
+def tune_model(
+    model: str,
+    entry: str = "get_model",
+    input_shapes: dict[str, list[int]] | None = None,
+    target: str = "llvm",
+    trials: int = 128,
+    time_budget: float | None = None,
+    out: str = "runs/latest",
+    resume: bool = False,
+    search: str = "gradient",
+    tracker: str | None = None,
+    key: str | None = None,
+    mlflow_uri: str | None = None,
+    name: str | None = None,
+    alias: str = "champion",
+    rpc_servers: int = 1,
+    seed: int = 0,
+) -> dict[str, Any]:
     """import → partition → tune over RPC → compile/verify/time → report + register."""
-    spec = TuneJob(**job)
-    times = StageTimes()
-    with times.stage("import"):
-        model = import_model(spec)
-    with times.stage("partition"):
-        fused, tasks = partition_model(model, spec.target)
-    # Written only once the model imported: bad input leaves no directory behind.
-    mark_out_dir(spec, fingerprint)
-    with times.stage("tune"):
-        tuned = tune_model_tasks(spec, tasks, spec.target)
-    with times.stage("compile"):
-        compiled = compile_model(spec, model, fused, spec.target)
-    with times.stage("register"):
-        summary = report_and_register(spec, model, tasks, tuned, compiled, times.seconds)
-    return summary
+    job = make_job(
+        target, model=model, entry=entry, input_shapes=input_shapes or {}, trials=trials,
+        time_budget=time_budget, out=out, resume=resume, search=search, tracker=tracker,
+        key=key, mlflow_uri=mlflow_uri, name=name, alias=alias, rpc_servers=rpc_servers,
+        seed=seed,
+    )  # fmt: skip
+    imported = tuning.import_model(job)
+    fused, tasks = tuning.partition_model(imported, job.target)
+    tuned = tuning.tune_model_tasks(job, tasks, job.target)
+    compiled = tuning.compile_model(job, imported, fused, job.target)
+    return tuning.report_and_register(job, imported, tasks, tuned, compiled)

@@ -10,6 +10,7 @@ import sys
 import warnings
 from pathlib import Path
 
+from .entrypoints import load_flow
 from .errors import GradtuneError
 
 
@@ -229,17 +230,16 @@ def cmd_dataset(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     _prefect_defaults()
-    from flows.collect_dataset import collect_dataset
-
+    collect_dataset = load_flow("collect_dataset")
     _quiet_prefect_user_errors()
     summary = collect_dataset(
         args.out,
         args.zoo,
-        parse_target(args.target),
-        settings.__dict__,
+        json.dumps(parse_target(args.target)),
+        settings,
         max_workloads=args.max_workloads,
         time_budget=args.time_budget,
-        tracker=tracker.__dict__ if tracker else None,
+        tracker=tracker,
     )
     keys = ("workloads", "workloads_with_records", "workloads_complete", "records", "failed")
     print(json.dumps({k: summary[k] for k in keys}))
@@ -248,11 +248,11 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from .frontend import fingerprint, parse_input_shapes
-    from .job import TuneJob, check_out_dir, validate
+    from .job import check_out_dir, make_job
     from .registry import check_tracking_uri
-    from .target import parse_target
 
-    job = TuneJob(
+    job = make_job(
+        args.target,
         model=args.model,
         entry=args.entry,
         input_shapes=parse_input_shapes(args.input_shape),
@@ -269,10 +269,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         rpc_servers=args.rpc_servers,
         seed=args.seed,
     )
-    validate(job)
-    job.target = parse_target(args.target)
-    model_id = fingerprint(job.model, job.entry, job.input_shapes)
-    check_out_dir(job, model_id)
+    check_out_dir(job, fingerprint(job.model, job.entry, job.input_shapes))
     if job.mlflow_uri:
         check_tracking_uri(job.mlflow_uri)
     if job.tracker:
@@ -281,12 +278,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         check_tracker(parse_tracker(job.tracker, job.key))
 
     _prefect_defaults()
-    from flows.tune_model import tune_model
-
+    tune_model = load_flow("tune_model")
     _quiet_prefect_user_errors()
     from .pipeline import print_summary
 
-    summary = tune_model(job.to_dict(), model_id)
+    summary = tune_model(**job.flow_parameters())
     print_summary(summary)
     return 0
 
@@ -343,8 +339,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
 
         check_tracking_uri(args.mlflow_uri)
     _prefect_defaults()
-    from flows.pretrain_cost_model import pretrain_cost_model
-
+    pretrain_cost_model = load_flow("pretrain_cost_model")
     _quiet_prefect_user_errors()
     summary = pretrain_cost_model(
         data=args.dataset,

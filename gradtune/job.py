@@ -9,12 +9,51 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GradtuneError
+from .target import parse_target
 
 RUN_FILE = "run.json"  # marks a gradtune output directory and names the model it belongs to
 
 
 @dataclass
 class TuneJob:
+    """What to tune, for which target, within which budget, and where the results go.
+
+    Parameters
+    ----------
+    model : str
+        A ``.onnx`` file, or a ``.py`` file defining ``entry``.
+    entry : str, default "get_model"
+        Function of the ``.py`` file returning ``(nn.Module, example inputs)``.
+    input_shapes : dict[str, list[int]], default {}
+        Shapes of an ONNX model's dynamic inputs, by input name.
+    target : dict[str, Any], default {}
+        The resolved target config (``target.parse_target``); ``make_job`` fills it in.
+    trials : int, default 128
+        Total measured trials, resumed ones included.
+    time_budget : float | None, default None
+        Seconds of tuning after which to stop; None: only ``trials`` bounds it.
+    out : str, default "runs/latest"
+        Output directory: database, report, compiled library, default MLflow store.
+    resume : bool, default False
+        Continue in an ``out`` that already holds this model's results.
+    search : str, default "gradient"
+        Search strategy: "gradient" (Felix) or one of MetaSchedule's by name.
+    tracker : str | None, default None
+        ``HOST:PORT`` of an existing RPC tracker; None starts a local fleet.
+    key : str | None, default None
+        Device key on ``tracker``.
+    mlflow_uri : str | None, default None
+        MLflow tracking URI; None: a sqlite store under ``out``.
+    name : str | None, default None
+        Registered model name; None: ``gradtune-<model file stem>``.
+    alias : str, default "champion"
+        Alias the registered version gets.
+    rpc_servers : int, default 1
+        Servers of the local fleet (1 keeps measurements uncontended).
+    seed : int, default 0
+        Seed of the search.
+    """
+
     model: str
     entry: str = "get_model"
     input_shapes: dict[str, list[int]] = field(default_factory=dict)
@@ -24,10 +63,10 @@ class TuneJob:
     out: str = "runs/latest"
     resume: bool = False
     search: str = "gradient"
-    tracker: str | None = None  # HOST:PORT of an existing tracker; None starts a local fleet
+    tracker: str | None = None
     key: str | None = None
-    mlflow_uri: str | None = None  # None: sqlite store under ``out``
-    name: str | None = None  # registered model name; default gradtune-<model stem>
+    mlflow_uri: str | None = None
+    name: str | None = None
     alias: str = "champion"
     rpc_servers: int = 1
     seed: int = 0
@@ -36,8 +75,23 @@ class TuneJob:
     def out_dir(self) -> Path:
         return Path(self.out)
 
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+    def flow_parameters(self) -> dict[str, Any]:
+        """The job as the parameters of the ``tune-model`` flow: its fields, the resolved target
+        as JSON text (which ``make_job`` resolves to the same config)."""
+        return {**asdict(self), "target": json.dumps(self.target)}
+
+
+def make_job(target: str | None = None, **settings: Any) -> TuneJob:
+    """A checked job (``validate``) with its target resolved by ``target.parse_target``.
+
+    ``settings`` are ``TuneJob``'s other fields; ``target`` is None or "llvm" (this CPU),
+    "cuda", or a JSON target object. The CLI and the ``tune-model`` flow both build their job
+    here, so a flow started from Prefect's UI is checked as the CLI's is.
+    """
+    job = TuneJob(**settings)
+    validate(job)
+    job.target = parse_target(target)
+    return job
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
@@ -102,6 +156,7 @@ def check_out_dir(job: TuneJob, fingerprint: str) -> None:
 
 
 def mark_out_dir(job: TuneJob, fingerprint: str) -> None:
+    """Create the output directory and record whose results it holds (``RUN_FILE``)."""
     job.out_dir.mkdir(parents=True, exist_ok=True)
     record = {
         "model": job.model,

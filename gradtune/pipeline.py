@@ -1,6 +1,7 @@
-"""The stages of a tuning job as plain functions; ``tasks/`` wraps them for Prefect.
+"""The stages of a tuning job as plain functions; ``tasks/tuning.py`` wraps them for Prefect.
 
-import → partition → tune (over RPC) → compile + verify + time → report → register.
+import → partition → tune (over RPC) → compile + verify + time → report → register. Prefect
+times every task run; the run summary quotes those times (``stage_seconds``).
 """
 
 from __future__ import annotations
@@ -10,8 +11,7 @@ import json
 import logging
 import math
 import sys
-import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,11 +20,12 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import compilation, registry, report
-from .frontend import ImportedModel, load_model
-from .job import TuneJob
+from .frontend import ImportedModel, fingerprint, load_model
+from .job import TuneJob, mark_out_dir
 from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
 from .partition import TuningTask, partition
 from .target import is_gpu, make_target
+from .task_timing import task_run_seconds
 from .tune import RoundRecord, TuneResult, tune
 
 log = logging.getLogger(__name__)
@@ -34,25 +35,15 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 
 @dataclass
 class CompileResult:
+    """Latencies (medians, ms) and errors against the reference of the untuned and tuned
+    builds, and the exported library."""
+
     untuned_ms: float
     tuned_ms: float
     reference_ms: float
     max_abs_err: float
     untuned_max_abs_err: float
     lib_path: Path
-
-
-@dataclass
-class StageTimes:
-    seconds: dict[str, float] = field(default_factory=dict)
-
-    @contextlib.contextmanager
-    def stage(self, name: str):
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = time.perf_counter() - start
 
 
 def import_stage(job: TuneJob) -> ImportedModel:
@@ -94,6 +85,9 @@ def rpc_tracker(job: TuneJob):
 
 
 def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> TuneResult:
+    """Tune into ``job.out_dir``. The first stage to write there, so it records the model in
+    the directory (``run.json``) here: input that fails to import leaves no directory behind."""
+    mark_out_dir(job, fingerprint(job.model, job.entry, job.input_shapes))
     target = make_target(target_config)
     columns = [
         TextColumn("[bold]tuning[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
@@ -172,15 +166,15 @@ def compile_stage(
     )
 
 
-def summarize(
+def run_summary(
     job: TuneJob,
     model: ImportedModel,
     tasks: list[TuningTask],
     tuned: TuneResult,
     compiled: CompileResult,
     mlflow_uri: str,
-    stage_seconds: dict[str, float],
 ) -> dict[str, Any]:
+    """What ``summary.json`` records of a tuning run (the registry adds run id and version)."""
     return {
         "model": job.model,
         "framework": model.framework,
@@ -201,14 +195,14 @@ def summarize(
         "max_abs_err": compiled.max_abs_err,
         "untuned_max_abs_err": compiled.untuned_max_abs_err,
         "tolerance": {"rtol": compilation.RTOL, "atol_scale": compilation.ATOL_SCALE},
-        "registered": f"{registered_name(job)}@{job.alias}",
+        "registered": f"{registered_model_name(job)}@{job.alias}",
         "mlflow_uri": mlflow_uri,
-        "stage_seconds": stage_seconds,
         "best_task_us": {k: v for k, v in tuned.best_us.items() if math.isfinite(v)},
     }
 
 
-def registered_name(job: TuneJob) -> str:
+def registered_model_name(job: TuneJob) -> str:
+    """``--name``, or ``gradtune-<model file stem>[-<entry>]``."""
     if job.name:
         return job.name
     stem = Path(job.model).stem + ("" if job.entry == "get_model" else f"-{job.entry}")
@@ -221,10 +215,9 @@ def report_and_register_stage(
     tasks: list[TuningTask],
     tuned: TuneResult,
     compiled: CompileResult,
-    stage_seconds: dict[str, float],
 ) -> dict[str, Any]:
     mlflow_uri = job.mlflow_uri or registry.default_tracking_uri(job.out_dir)
-    summary = summarize(job, model, tasks, tuned, compiled, mlflow_uri, stage_seconds)
+    summary = run_summary(job, model, tasks, tuned, compiled, mlflow_uri)
     files = report.write_report(job.out_dir, summary, tasks, tuned.rounds, tuned.best_us)
     rounds = [
         {
@@ -264,7 +257,7 @@ def report_and_register_stage(
     }
     info = registry.register(
         tracking_uri=mlflow_uri,
-        registered_name=registered_name(job),
+        registered_name=registered_model_name(job),
         alias=job.alias,
         params=params,
         round_metrics=rounds,
@@ -277,7 +270,11 @@ def report_and_register_stage(
         ),
         work_dir=job.out_dir,
     )
-    summary.update(run_id=info["run_id"], model_version=info["version"])
+    # Read last: the stages before this one finished seconds ago, long enough for Prefect to
+    # have recorded them.
+    summary.update(
+        run_id=info["run_id"], model_version=info["version"], stage_seconds=task_run_seconds()
+    )
     (job.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 

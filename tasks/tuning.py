@@ -1,20 +1,39 @@
-"""The stages of ``flows/tune_model.py``."""
+"""The tasks of ``flows/tune_model.py``: gradtune's tuning stages (``gradtune.pipeline``).
+
+TVM objects (IRModules, executables) flow between these tasks in-process; hashing them for
+Prefect's input cache is meaningless, hence ``NO_CACHE``. Each task run is named as its stage:
+the run summary's ``stage_seconds`` quotes Prefect's times by those names.
+"""
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from gradtune import pipeline
 
-import_model = task(pipeline.import_stage, name="import", cache_policy=NO_CACHE)
-partition_model = task(pipeline.partition_stage, name="partition", cache_policy=NO_CACHE)
-# Tuning is resumable through its JSONDatabase, so a retry continues rather than restarts;
-# the job's --resume flag is what allows writing into the existing directory.
-tune_model_tasks = task(pipeline.tune_stage, name="tune", cache_policy=NO_CACHE)
-compile_model = task(pipeline.compile_stage, name="compile-verify-time", cache_policy=NO_CACHE)
+import_model = task(
+    pipeline.import_stage, name="import", task_run_name="import", cache_policy=NO_CACHE
+)
+partition_model = task(
+    pipeline.partition_stage, name="partition", task_run_name="partition", cache_policy=NO_CACHE
+)
+# A tracker or RPC server that drops the connection: the retry resumes from the JSONDatabase
+# (measured trials are kept, never measured again).
+tune_model_tasks = task(
+    pipeline.tune_stage,
+    name="tune",
+    task_run_name="tune",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=10,
+)
+compile_model = task(
+    pipeline.compile_stage, name="compile", task_run_name="compile", cache_policy=NO_CACHE
+)
 # A tracking server may blip; registering again is safe (a new run and model version).
 report_and_register = task(
     pipeline.report_and_register_stage,
-    name="report-register",
+    name="register",
+    task_run_name="register",
     cache_policy=NO_CACHE,
     retries=2,
     retry_delay_seconds=5,

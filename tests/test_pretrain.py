@@ -1,6 +1,6 @@
-"""Cost-model pretraining (issue 4, part 3) on real measured records: a slice of the repo's DVC
-dataset; featurize → pretrain → MLflow champion on a real tracking server → the tuner loads it;
-the eval command; bad input skipped with a count, an empty dataset a clear error."""
+"""Cost-model pretraining on real measured records: a slice of the repo's DVC dataset;
+featurize → pretrain → MLflow champion on a real tracking server → the tuner loads it; the eval
+command; bad input skipped with a count, an empty dataset a clear error."""
 
 from __future__ import annotations
 
@@ -126,7 +126,7 @@ def test_eval_command_prints_table_and_json(small_dataset, tmp_path):
 
 
 def test_bad_records_are_skipped_with_a_count(small_dataset, tmp_path):
-    from costmodel_training.featurize import featurize
+    from gradtune.costmodel.featurize import featurize_dataset
 
     bad = tmp_path / "data"
     bad.mkdir()
@@ -140,7 +140,7 @@ def test_bad_records_are_skipped_with_a_count(small_dataset, tmp_path):
         bad / "database_tuning_record.json.gz",
         lines[:20] + [b'[0, [[[["GetSBlock"', other_target, missing_workload],
     )
-    result = featurize(bad)
+    result = featurize_dataset(bad, tmp_path / "features.pt")
     assert result["records"] == 20
     assert result["skipped"]["load"] == 3
     assert result["skipped"]["first_reason"]

@@ -1,23 +1,27 @@
-"""Tuning records → training groups for the cost models.
+"""Tuning records → training groups for the cost models, and a dataset → its features file.
 
 A record's trace is replayed on its workload (decisions kept, postprocessors re-run, as
 MetaSchedule does before measuring) and featurized twice: gradtune's *symbolic* features in
 their smooth form at the record's integer decisions (the function the gradient search
 differentiates), and TVM's ``PerStoreFeature`` for the peers. A record that no longer applies
-is skipped and counted, never fatal.
+is skipped and counted, never fatal. ``featurize_dataset`` does this for every record of a
+dataset and writes the symbolic features to the file pretraining reads (``pretrain.py``).
 """
 
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
 from gradtune.dataset import family as operator_family
+from gradtune.errors import GradtuneError
 from gradtune.symbolic.features import evaluate
 from gradtune.symbolic.program import extract_program
 from gradtune.target import is_gpu as target_is_gpu
@@ -141,3 +145,68 @@ def from_records(
         data.latencies.append(float(np.median(run_secs)))
         data.symbolic.append(symbolic_features(sch, is_gpu))
     return [d for d in by_key.values() if len(d.latencies) >= 2]
+
+
+def featurize_dataset(
+    data_dir: str | Path, out: str | Path, target_config: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """Featurize every record of the dataset ``data_dir`` into the torch file ``out``.
+
+    The file holds the target, counts, and per workload with two or more usable records its
+    key, family, zoo models, latencies and symbolic features. It is written whole (never half a
+    file where the next stage reads). Returns its summary: records, seconds, skipped (load and
+    replay counts, the first reason) and the number of workloads.
+    """
+    from rich.progress import Progress
+
+    from gradtune import dataset
+    from gradtune.target import make_target
+
+    data_dir, out = Path(data_dir), Path(out)
+    if not data_dir.is_dir():
+        raise GradtuneError(f"dataset directory not found: {data_dir}")
+    manifest = dataset.load_manifest(data_dir)
+    target_config = target_config or manifest.get("target")
+    if not target_config:
+        raise GradtuneError(f"{data_dir}: no manifest.json naming the dataset's target")
+    load_skipped = dataset.Skipped()
+    database = dataset.open_database(data_dir, target=target_config, skipped=load_skipped)
+    records = list(database.get_all_tuning_records())
+    target = make_target(target_config)
+    entries = manifest.get("workloads", {})
+    families = {k: v.get("kernel_class", "") for k, v in entries.items()}
+    skipped = Skipped()
+    start = time.perf_counter()
+    with Progress(transient=True) as progress:
+        bar = progress.add_task("featurizing records", total=len(records))
+        groups = from_records(
+            records, target, skipped, families, progress=lambda: progress.advance(bar)
+        )
+    if not groups:
+        raise GradtuneError(f"{data_dir}: no workload with two or more usable records")
+    result = {
+        "target": target_config,
+        "records": sum(len(g.latencies) for g in groups),
+        "seconds": round(time.perf_counter() - start, 1),
+        "skipped": {
+            "load": load_skipped.count,
+            "replay": skipped.count,
+            "first_reason": load_skipped.first_reason or skipped.first_reason,
+        },
+        "workloads": [
+            {
+                "key": g.key,
+                "family": g.family,
+                "models": entries.get(g.key, {}).get("models", []),
+                "latencies": list(g.latencies),
+                "programs": g.symbolic,
+            }
+            for g in groups
+        ],
+    }
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_suffix(".partial")
+    torch.save(result, partial)
+    partial.replace(out)
+    summary = {k: result[k] for k in ("records", "seconds", "skipped")}
+    return summary | {"workloads": len(result["workloads"])}

@@ -1,1 +1,0 @@
-"""Prefect flows: thin compositions of the tasks in ``tasks/``."""

@@ -44,7 +44,7 @@ def run_model(name: str, minutes: float, per_round: int, tracker, order: tuple, 
     from gradtune.partition import partition
     from gradtune.search import make_strategy
     from gradtune.target import make_target, parse_target
-    from gradtune.tune import open_database, tune
+    from gradtune.tune import run_database, tune
 
     target = make_target(parse_target("llvm"))
     model = load_model(ROOT / "examples" / f"{name}.py")
@@ -72,17 +72,17 @@ def run_model(name: str, minutes: float, per_round: int, tracker, order: tuple, 
             "seconds": round(result.seconds, 1),
             "curve": [(round(s, 2), round(u, 2)) for s, u in curve],
         }
-        if searcher == "gradient" and not isinstance(strategy, str):
-            stats = strategy.stats
-            entry["fallback_tasks"] = len(stats.fallback_tasks)
-            entry["nan_seeds"] = stats.nan_seeds
+        if result.search_summary is not None:
+            searched = [r.search for r in result.rounds if r.search is not None]
+            entry["fallback_tasks"] = len(result.search_summary.fallback_tasks)
+            entry["nan_seeds"] = result.search_summary.nan_seeds
             entry["mean_search_s"] = round(
-                sum(r.search_s for r in stats.rounds) / max(1, len(stats.rounds)), 2
+                sum(s.search_s for s in searched) / max(1, len(searched)), 2
             )
-            entry["cost_model"] = strategy.cost_model.source
+            entry["cost_model"] = result.search_summary.cost_model
         out[searcher] = entry
     executables = {
-        s: compilation.build(fused, target, open_database(work / f"{name}-{s}")) for s in order
+        s: compilation.build(fused, target, run_database(work / f"{name}-{s}")) for s in order
     }
     runners = {s: compilation.Runner(e, target, model.inputs) for s, e in executables.items()}
     for s, runner in runners.items():

@@ -11,7 +11,7 @@ import json
 import logging
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,9 +24,10 @@ from .frontend import ImportedModel, fingerprint, load_model
 from .job import TuneJob, mark_out_dir
 from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
 from .partition import TuningTask, partition
+from .search.session import RoundLog
 from .target import is_gpu, make_target
 from .task_timing import task_run_seconds
-from .tune import RoundRecord, TuneResult, tune
+from .tune import TuneResult, tune
 
 log = logging.getLogger(__name__)
 # Rich falls back to 80 columns when piped (CI logs, Prefect workers): too narrow for task names.
@@ -103,7 +104,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             resumed = resumed_trials
             progress.update(bar, completed=min(job.trials, resumed))
 
-        def on_round(record: RoundRecord) -> None:
+        def on_round(record: RoundLog) -> None:
             progress.update(
                 bar,
                 completed=min(job.trials, resumed + record.trials),
@@ -139,11 +140,11 @@ def compile_stage(
     job: TuneJob, model: ImportedModel, fused: Any, target_config: dict
 ) -> CompileResult:
     """Build untuned and tuned, verify both against the reference, time all three interleaved."""
-    from .tune import open_database
+    from .tune import run_database
 
     target = make_target(target_config)
     untuned_exec = compilation.build(fused, target)
-    tuned_exec = compilation.build(fused, target, open_database(job.out_dir))
+    tuned_exec = compilation.build(fused, target, run_database(job.out_dir))
     untuned = compilation.Runner(untuned_exec, target, model.inputs)
     tuned = compilation.Runner(tuned_exec, target, model.inputs)
     untuned_err = compilation.verify(untuned.outputs(), model.reference_outputs, "untuned TVM")
@@ -219,37 +220,37 @@ def report_and_register_stage(
     mlflow_uri = job.mlflow_uri or registry.default_tracking_uri(job.out_dir)
     summary = run_summary(job, model, tasks, tuned, compiled, mlflow_uri)
     files = report.write_report(job.out_dir, summary, tasks, tuned.rounds, tuned.best_us)
-    rounds = [
-        {
+    rounds, search_table = [], []
+    for r in tuned.rounds:
+        metrics = {
             "trials": r.trials,
             "tuning_seconds": r.seconds,
             "best_kernels_us": r.estimated_model_us,
             "task_best_us": r.task_best_us,
         }
-        for r in tuned.rounds
-    ]
-    # The gradient search logs one entry per batch too, in the same order: same task, same step.
-    for metrics, r, log_entry in zip(rounds, tuned.rounds, tuned.search_log, strict=False):
-        if log_entry["task"] == r.task:
+        if r.search is not None:
             metrics.update(
-                search_seconds=log_entry["search_s"],
-                descent_seconds=log_entry["descent_s"],
-                measure_seconds=log_entry["measure_s"],
-                prediction_spearman=log_entry["prediction_spearman"],
-                predicted_best_score=log_entry["predicted_best"],
-                measured_batch_best_us=log_entry["measured_best_us"],
-                costmodel_finetune_loss=log_entry["finetune_loss"],
+                search_seconds=r.search.search_s,
+                descent_seconds=r.search.descent_s,
+                measure_seconds=r.search.measure_s,
+                prediction_spearman=r.search.prediction_spearman,
+                predicted_best_score=r.search.predicted_best,
+                measured_batch_best_us=r.search.measured_best_us,
+                costmodel_finetune_loss=r.search.finetune_loss,
             )
-    if tuned.search_log:
+            search_table.append({"task": r.task, "measured": r.measured, **asdict(r.search)})
+        rounds.append(metrics)
+    if search_table:
         # MLflow metrics are numbers: the per-round table (task names included) is an artifact.
         search_rounds = job.out_dir / "search_rounds.json"
-        search_rounds.write_text(json.dumps(tuned.search_log, indent=1))
+        search_rounds.write_text(json.dumps(search_table, indent=1))
         files = [*files, search_rounds]
+    search_params = asdict(tuned.search_summary) if tuned.search_summary is not None else {}
     params = {
         "model": job.model, "entry": job.entry, "framework": model.framework,
         "target": job.target, "search": job.search, "trials_budget": job.trials,
         "time_budget": job.time_budget, "tasks": len(tasks), "seed": job.seed,
-        **{f"search_{k}": v for k, v in tuned.search_summary.items()},
+        **{f"search_{k}": v for k, v in search_params.items()},
     }  # fmt: skip
     finals = {
         k: summary[k]

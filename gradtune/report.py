@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .partition import TuningTask
-from .tune import RoundRecord
+from .search.session import RoundLog
 
 
 def task_table_rows(
@@ -36,7 +36,7 @@ def task_table_rows(
 TASK_HEADER = ["task", "kernel class", "weight", "MFLOPs", "untuned µs", "share"]
 
 
-def plot_progress(rounds: list[RoundRecord], untuned_us: float, path: Path, title: str) -> Path:
+def plot_progress(rounds: list[RoundLog], untuned_us: float, path: Path, title: str) -> Path:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -63,7 +63,7 @@ def write_report(
     out_dir: Path,
     summary: dict[str, Any],
     tasks: list[TuningTask],
-    rounds: list[RoundRecord],
+    rounds: list[RoundLog],
     best_us: dict[str, float],
 ) -> list[Path]:
     untuned_kernels = sum(t.untuned_total_us for t in tasks if math.isfinite(t.untuned_us))

@@ -1,16 +1,17 @@
-"""Tune the tasks with MetaSchedule's task scheduler, recording progress per round.
+"""Tune the tasks with MetaSchedule's task scheduler, recording every measured batch.
 
-The search strategy is the plug-in point (``evolutionary`` today; gradtune's gradient search
-later); builder, runner, JSONDatabase and task scheduler are MetaSchedule's own.
+The search strategy is the plug-in point: gradtune's gradient search (the default) or one of
+MetaSchedule's own by name, always a ``ReportingStrategy``; builder, RPC runner, JSONDatabase
+and the gradient task scheduler are MetaSchedule's. The loop hands the strategy the run's
+``Session`` (``search/session.py``): the stop signal that ends the run between rounds (time
+budget, Ctrl-C), and the place where the strategy's account of each batch meets the loop's
+measure callback, which writes the batch's one ``RoundLog``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
-import signal
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -23,40 +24,28 @@ from .measure.rpc_fleet import Tracker
 from .measure.runner import MeasureSettings, make_rpc_runner
 from .partition import TuningTask
 from .search import SEARCH_STRATEGIES, make_strategy
+from .search.session import ReportingStrategy, RoundLog, RunSummary, Session
+from .stop import watch_sigint
 from .tvm_compat import register_tensor_intrinsics
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
-class RoundRecord:
-    """One measured batch: the unit of the latency-vs-time curve."""
-
-    round: int
-    task: str
-    trials: int  # trials measured so far in this session (resumed ones excluded)
-    seconds: float  # wall-clock since tuning started
-    batch_best_us: float
-    task_best_us: float
-    estimated_model_us: float  # Σ weight × best-so-far (untuned latency for unmeasured tasks)
-
-
-@dataclass
 class TuneResult:
-    database_dir: Path
-    rounds: list[RoundRecord] = field(default_factory=list)
+    """What a tuning run measured: its batches in order, trial counts and best latencies."""
+
+    rounds: list[RoundLog] = field(default_factory=list)
     trials: int = 0
     resumed_trials: int = 0
     seconds: float = 0.0
     best_us: dict[str, float] = field(default_factory=dict)  # per task
     stopped_by_time_budget: bool = False
-    # Gradient search only: one entry per measured batch (search/descent seconds, predicted
-    # score of the best pick, measured best, cost-model fine-tune loss) and run totals.
-    search_log: list[dict[str, Any]] = field(default_factory=list)
-    search_summary: dict[str, Any] = field(default_factory=dict)
+    search_summary: RunSummary | None = None  # the gradient search's run totals
 
 
-def open_database(work_dir: Path):
+def run_database(work_dir: Path):
+    """The JSONDatabase a tuning run in ``work_dir`` writes (and resumes from)."""
     from tvm.s_tir import meta_schedule as ms
 
     return ms.database.JSONDatabase(
@@ -99,8 +88,8 @@ def _make_progress_callback(
     result: TuneResult,
     start: float,
     time_budget: float | None,
-    on_round: Callable[[RoundRecord], None] | None,
-    stop: Any,  # search.stoppable.StopSignal
+    on_round: Callable[[RoundLog], None] | None,
+    session: Session,
 ):
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
@@ -120,14 +109,17 @@ def _make_progress_callback(
             if batch_best < best_us.get(task.name, math.inf):
                 best_us[task.name] = batch_best
             result.trials += len(measure_candidates)
-            record = RoundRecord(
+            record = RoundLog(
                 round=len(result.rounds) + 1,
                 task=task.name,
+                measured=len(measure_candidates),
                 trials=result.trials,
                 seconds=time.perf_counter() - start,
                 batch_best_us=batch_best,
                 task_best_us=best_us.get(task.name, math.inf),
                 estimated_model_us=estimate_model_us(tasks, best_us),
+                # MetaSchedule notified the strategy of this batch just before this callback.
+                search=session.take(task.name),
             )
             result.rounds.append(record)
             failed = len(runner_results) - len(batch)
@@ -148,7 +140,7 @@ def _make_progress_callback(
                 result.stopped_by_time_budget = True
                 # Every strategy now answers "no more candidates", so the scheduler terminates
                 # each task itself and joins what is in flight (see search/stoppable.py).
-                stop.set()
+                session.stop.set()
 
     return ProgressCallback()
 
@@ -161,33 +153,6 @@ def estimate_model_us(tasks: list[TuningTask], best_us: dict[str, float]) -> flo
         if math.isfinite(us):
             total += task.weight * us
     return total
-
-
-def _watch_sigint(
-    on_interrupt: Callable[[], None] = lambda: None,
-) -> tuple[Callable[[], bool], Callable[[], None]]:
-    """Record Ctrl-C, call ``on_interrupt``, then behave as before; returns (seen, restore).
-
-    The KeyboardInterrupt alone is not enough: raised inside a Python callback that TVM calls,
-    it crosses the FFI as an ordinary error, and code that tolerates errors per candidate (a
-    failed build, an unmodelled sketch) can swallow it and tune on to the end. ``on_interrupt``
-    gives the run a second, unswallowable way to stop.
-    """
-    seen = threading.Event()
-    if threading.current_thread() is not threading.main_thread():
-        return seen.is_set, lambda: None
-    previous = signal.getsignal(signal.SIGINT)
-
-    def handler(signum, frame):
-        seen.set()
-        on_interrupt()
-        if callable(previous):
-            previous(signum, frame)
-        else:
-            raise KeyboardInterrupt
-
-    signal.signal(signal.SIGINT, handler)
-    return seen.is_set, lambda: signal.signal(signal.SIGINT, previous)
 
 
 def default_trials_per_round(budget: int, num_tasks: int) -> int:
@@ -214,19 +179,21 @@ def tune(
     tracker: Tracker,
     max_trials: int,
     time_budget: float | None = None,
-    search: str | Any = "gradient",
+    search: str | ReportingStrategy = "gradient",
     trials_per_round: int | None = None,
     num_rpc_workers: int = 1,
     measure: MeasureSettings | None = None,
     seed: int = 0,
     on_start: Callable[[int], None] | None = None,
-    on_round: Callable[[RoundRecord], None] | None = None,
+    on_round: Callable[[RoundLog], None] | None = None,
     tracking_uri: str | None = None,
 ) -> TuneResult:
     """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
 
-    ``on_start`` gets the number of trials already in the database, ``on_round`` each batch.
-    ``tracking_uri``: the MLflow registry the gradient search takes its cost model from.
+    ``search``: a strategy name (``SEARCH_STRATEGIES``) or a strategy object; wrap one of
+    MetaSchedule's objects in ``search.stoppable.Stoppable``. ``on_start`` gets the number of
+    trials already in the database, ``on_round`` each batch. ``tracking_uri``: the MLflow
+    registry the gradient search takes its cost model from (when ``search`` is a name).
     """
     import psutil
     from tvm.s_tir import meta_schedule as ms
@@ -238,8 +205,8 @@ def tune(
             f"unknown search {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}"
         )
     work_dir.mkdir(parents=True, exist_ok=True)
-    database = open_database(work_dir)
-    result = TuneResult(database_dir=work_dir)
+    database = run_database(work_dir)
+    result = TuneResult()
     result.resumed_trials = count_records(database)
     if on_start is not None:
         on_start(result.resumed_trials)
@@ -266,21 +233,16 @@ def tune(
         if not handler.get_name():
             ms_logger.removeHandler(handler)
     loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tasks])
-    # One strategy object for the run: each TuneContext clones it, and gradtune's clones share
-    # the online cost model, so what one task measures teaches the search of the others.
-    from .search.stoppable import Stoppable
-    from .stop import StopSignal
-
+    # One strategy object for the run: each TuneContext clones it, and the clones share the
+    # session (and the gradient search's online cost model, so what one task measures teaches
+    # the search of the others).
     strategy = (
         make_strategy(search, target.kind.name, tracking_uri=tracking_uri)
         if isinstance(search, str)
         else search
     )
-    stop = StopSignal()
-    if hasattr(strategy, "signal"):  # gradtune's own strategies
-        strategy.signal = stop
-    else:  # MetaSchedule's, by name or object: made stoppable by delegation
-        strategy = Stoppable(strategy, stop)
+    session = Session()
+    strategy.attach(session)
     contexts = [
         ms.TuneContext(
             mod=task.mod,
@@ -297,10 +259,10 @@ def tune(
     start = time.perf_counter()
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
-        _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, stop),
+        _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),
     ]
     runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
-    interrupted, restore_sigint = _watch_sigint(on_interrupt=stop.set)
+    interrupted, restore_sigint = watch_sigint(on_interrupt=session.stop.set)
     try:
         ms.tune_tasks(
             tasks=contexts,
@@ -324,15 +286,8 @@ def tune(
     finally:
         restore_sigint()
         runner.pool.shutdown()
-    if interrupted():  # swallowed on the way (see _watch_sigint); the stop signal ended the run
+    if interrupted():  # swallowed on the way (see watch_sigint); the stop signal ended the run
         raise KeyboardInterrupt
     result.seconds = time.perf_counter() - start
-    stats = getattr(strategy, "stats", None)
-    if stats is not None:
-        result.search_log = [dataclasses.asdict(r) for r in stats.rounds]
-        result.search_summary = {
-            "fallback_tasks": list(stats.fallback_tasks),
-            "nan_seeds": stats.nan_seeds,
-            "cost_model": strategy.cost_model.source,
-        }
+    result.search_summary = session.summary
     return result

@@ -49,7 +49,7 @@ def test_gradient_search_tunes_and_resumes_without_measuring_twice(
     from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.search import make_strategy
     from gradtune.search.gradient_search import GradientConfig
-    from gradtune.tune import count_records, open_database, tune
+    from gradtune.tune import count_records, run_database, tune
 
     _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
     config = GradientConfig(seeds=4, steps=6)
@@ -57,14 +57,15 @@ def test_gradient_search_tunes_and_resumes_without_measuring_twice(
         first = make_strategy("gradient", config=config)
         result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=8, search=first,
                       trials_per_round=4)  # fmt: skip
-        assert result.trials == 8 and count_records(open_database(tmp_path)) == 8
-        assert first.stats.rounds and not first.stats.fallback_tasks
-        assert all(r.measured == 4 for r in first.stats.rounds)
+        assert result.trials == 8 and count_records(run_database(tmp_path)) == 8
+        assert result.rounds and not result.search_summary.fallback_tasks
+        # Every batch was the gradient search's: its account joined the loop's record.
+        assert all(r.search is not None and r.measured == 4 for r in result.rounds)
         assert first.cost_model.losses, "measurements fine-tune the model"
         second = make_strategy("gradient", config=config)
         tune(tasks, llvm_target, tmp_path, tracker, max_trials=12, search=second,
              trials_per_round=4)  # fmt: skip
-    records = open_database(tmp_path).get_all_tuning_records()
+    records = run_database(tmp_path).get_all_tuning_records()
     assert len(records) == 12
     keys = {(str(r.workload.mod["main"].attrs), str(r.trace)) for r in records}
     assert len(keys) == 12, "a schedule was measured twice"
@@ -75,7 +76,7 @@ def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, 
     from gradtune.frontend import load_model
     from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.search import make_strategy
-    from gradtune.tune import count_records, open_database, tune
+    from gradtune.tune import count_records, run_database, tune
     from tests.conftest import EXAMPLES
 
     model = load_model(EXAMPLES / "transformer_encoder.py")
@@ -84,7 +85,8 @@ def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, 
     assert reshape
     strategy = make_strategy("gradient")
     with LocalFleet() as tracker:
-        tune(reshape, llvm_target, tmp_path, tracker, max_trials=2, search=strategy,
-             trials_per_round=2)  # fmt: skip
-    assert strategy.stats.fallback_tasks == ["reshape"]
-    assert count_records(open_database(tmp_path)) >= 1
+        result = tune(reshape, llvm_target, tmp_path, tracker, max_trials=2, search=strategy,
+                      trials_per_round=2)  # fmt: skip
+    assert result.search_summary.fallback_tasks == ["reshape"]
+    assert all(r.search is None for r in result.rounds), "evolutionary batches have no search"
+    assert count_records(run_database(tmp_path)) >= 1

@@ -4,7 +4,7 @@ import time
 import pytest
 
 from gradtune.partition import TuningTask, partition
-from gradtune.tune import count_records, default_trials_per_round, estimate_model_us, open_database
+from gradtune.tune import count_records, default_trials_per_round, estimate_model_us, run_database
 
 
 def test_batch_size_leaves_room_for_every_task():
@@ -38,7 +38,7 @@ def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tm
     assert 0 < result.trials < 400
     assert rounds == result.rounds and rounds[-1].trials == result.trials
     assert all(r.estimated_model_us > 0 for r in rounds)
-    assert count_records(open_database(tmp_path)) == result.trials
+    assert count_records(run_database(tmp_path)) == result.trials
     assert set(result.best_us) <= {t.name for t in tasks}
 
 
@@ -66,5 +66,5 @@ def test_ctrl_c_swallowed_inside_tvm_still_stops_the_run(tiny_model, llvm_target
     with LocalFleet() as tracker, pytest.raises(KeyboardInterrupt):
         tune(tasks, llvm_target, tmp_path, tracker, max_trials=400, trials_per_round=4,
              on_round=swallow_ctrl_c)  # fmt: skip
-    assert 0 < count_records(open_database(tmp_path)) < 400
+    assert 0 < count_records(run_database(tmp_path)) < 400
     assert signal.getsignal(signal.SIGINT) is before

@@ -8,19 +8,29 @@ then explore blindly until measurements arrive).
 After every measured batch the model is fine-tuned for a few passes over this session's
 measurements (ranking loss within each task), which is what keeps the descent honest: it
 exploits the model's errors, and measuring its favourites corrects them.
+
+It is a MetaSchedule ``PyCostModel``, so any strategy can use it: ``update`` and ``predict``
+featurize candidates from their schedules through the symbolic layer. The gradient search
+already holds each candidate's smooth symbolic features, so it calls ``observe`` with them and
+scores through ``model`` directly, differentiably.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
 
 from gradtune.costmodel import model as mlp
+from gradtune.costmodel.featurize import symbolic_features
 from gradtune.costmodel.train import Group, fit
+from gradtune.symbolic.features import FEATURES
+from gradtune.target import is_gpu as target_is_gpu
 
 log = logging.getLogger("gradtune.costmodel")
 BUNDLED = Path(__file__).parent / "weights"
@@ -59,13 +69,37 @@ def load_pretrained(
     return mlp.FelixMLP(), "random init"
 
 
-@dataclass
-class OnlineCostModel:
-    model: mlp.FelixMLP
-    source: str = "random init"
-    epochs: int = 4
-    data: dict[str, tuple[list[torch.Tensor], list[float]]] = field(default_factory=dict)
-    losses: list[float] = field(default_factory=list)
+@derived_object
+class OnlineCostModel(ms.cost_model.PyCostModel):
+    """Felix's MLP over symbolic features, fine-tuned on the session's measurements.
+
+    Parameters
+    ----------
+    model : FelixMLP
+        The network; scored and fine-tuned in place.
+    source : str, default "random init"
+        Where its weights came from, reported as the run's ``search_cost_model``.
+    epochs : int, default 4
+        Fine-tuning passes over all of the session's measurements after each batch.
+    lr : float, default 3e-4
+        Adam's fine-tuning learning rate; lower than pretraining's 7e-4 (``train.fit``), as
+        fine-tuning starts from trained weights.
+    """
+
+    def __init__(
+        self,
+        model: mlp.FelixMLP,
+        source: str = "random init",
+        epochs: int = 4,
+        lr: float = 3e-4,
+    ) -> None:
+        self.model = model
+        self.source = source
+        self.epochs = epochs
+        self.lr = lr
+        # Per task: the measured programs' features and median latencies (seconds).
+        self.data: dict[str, tuple[list[torch.Tensor], list[float]]] = {}
+        self.losses: list[float] = []
 
     @classmethod
     def default(
@@ -73,12 +107,14 @@ class OnlineCostModel:
         target_kind: str = "llvm",
         path: str | Path | None = None,
         tracking_uri: str | None = None,
+        **hyperparameters: Any,
     ) -> OnlineCostModel:
+        """The pretrained model ``load_pretrained`` finds; ``hyperparameters`` as in the class."""
         model, source = load_pretrained(target_kind, path, tracking_uri)
-        return cls(model=model, source=source)
+        return cls(model=model, source=source, **hyperparameters)
 
     def observe(self, task: str, programs: list[torch.Tensor], latencies: list[float]) -> float:
-        """Add a task's measurements and fine-tune; returns the last epoch's loss."""
+        """Add a task's measurements (features, seconds) and fine-tune; the last epoch's loss."""
         if programs:
             seen = self.data.setdefault(task, ([], []))
             seen[0].extend(programs)
@@ -90,6 +126,67 @@ class OnlineCostModel:
         ]
         if not groups:
             return float("nan")
-        history = fit(self.model, groups, loss="rank", epochs=self.epochs, lr=3e-4)
+        history = fit(self.model, groups, loss="rank", epochs=self.epochs, lr=self.lr)
         self.losses.append(history[-1])
         return history[-1]
+
+    # -- MetaSchedule interface ---------------------------------------------------------------
+    def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
+        """Fine-tune on a measured batch (failed and unmodelled candidates skipped)."""
+        is_gpu = target_is_gpu(context.target)
+        programs, latencies = [], []
+        for candidate, result in zip(candidates, results, strict=True):
+            secs = [float(s) for s in (result.run_secs or [])]
+            if result.error_msg is not None or not secs:
+                continue
+            features = _features(candidate.sch, is_gpu)
+            if features is not None:
+                programs.append(features)
+                latencies.append(float(np.median(secs)))
+        self.observe(str(context.task_name), programs, latencies)
+
+    def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:
+        """Scores, higher = faster; 0 for a candidate the symbolic layer cannot featurize.
+
+        MetaSchedule samples parents in proportion to the scores (negatives clipped to 0) and
+        keeps the best across generations by comparing them, so the network's score (any sign)
+        goes through softplus: positive, and in the same order from one call to the next.
+        """
+        is_gpu = target_is_gpu(context.target)
+        scores = np.zeros(len(candidates), dtype="float64")
+        features = [_features(c.sch, is_gpu) for c in candidates]
+        known = [i for i, f in enumerate(features) if f is not None]
+        if known:
+            with torch.no_grad():
+                raw = self.model.score([features[i] for i in known]).to(torch.float64)
+                raw = torch.nn.functional.softplus(raw).numpy()
+            scores[known] = np.where(np.isfinite(raw), raw, 0.0)
+        return scores
+
+    def save(self, path: str) -> None:
+        """Weights (in the format ``model.load`` reads) plus the session's measurements."""
+        torch.save(
+            {
+                "state_dict": self.model.state_dict(),
+                "input_dim": FEATURES,
+                "source": self.source,
+                "data": {task: (list(p), list(lat)) for task, (p, lat) in self.data.items()},
+            },
+            path,
+        )
+
+    def load(self, path: str) -> None:
+        """Weights and, when ``save`` wrote them, measurements; the hyper-parameters stay."""
+        blob = torch.load(path, map_location="cpu", weights_only=True)
+        self.model = mlp.load(path)
+        self.source = str(blob.get("source", path))
+        self.data = {task: (list(p), list(lat)) for task, (p, lat) in blob.get("data", {}).items()}
+
+
+def _features(sch: Any, is_gpu: bool) -> torch.Tensor | None:
+    """A schedule's smooth symbolic features, or None where the symbolic layer has no model."""
+    try:
+        features = symbolic_features(sch, is_gpu)
+    except Exception:  # an unmodelled construct: this candidate gets no score, never an abort
+        return None
+    return features if bool(torch.isfinite(features).all()) else None

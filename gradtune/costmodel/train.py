@@ -9,6 +9,7 @@ workload: only the order inside a workload matters to a search that picks the be
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -93,6 +94,13 @@ def _ranks(values: np.ndarray) -> np.ndarray:
     return ranks
 
 
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman's rank correlation of ``a`` and ``b`` (NaN when either side is constant)."""
+    ra, rb = _ranks(np.asarray(a, dtype=float)), _ranks(np.asarray(b, dtype=float))
+    denom = np.sqrt(((ra - ra.mean()) ** 2).sum() * ((rb - rb.mean()) ** 2).sum())
+    return float(((ra - ra.mean()) * (rb - rb.mean())).sum() / denom) if denom else math.nan
+
+
 def group_metrics(scores: np.ndarray, latencies: np.ndarray) -> dict[str, float]:
     """Ranking quality of ``scores`` (higher = predicted faster) within one workload."""
     speed = -latencies
@@ -102,14 +110,13 @@ def group_metrics(scores: np.ndarray, latencies: np.ndarray) -> dict[str, float]
     pairwise = float(agree[distinct].mean()) if distinct.any() else float("nan")
     best = int(np.argmin(latencies))
     order = np.argsort(-scores, kind="stable")
-    rs, rl = _ranks(scores), _ranks(speed)
-    denom = np.sqrt(((rs - rs.mean()) ** 2).sum() * ((rl - rl.mean()) ** 2).sum())
-    spearman = float(((rs - rs.mean()) * (rl - rl.mean())).sum() / denom) if denom else 0.0
+    rho = spearman(scores, speed)
     return {
         "pairwise": pairwise,
         "top1": float(best in order[:1]),
         "top5": float(best in order[:5]),
-        "spearman": spearman,
+        # A constant prediction orders nothing: scored as no correlation, not left out.
+        "spearman": 0.0 if math.isnan(rho) else rho,
     }
 
 

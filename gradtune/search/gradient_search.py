@@ -1,16 +1,13 @@
 """Felix's gradient search (Algorithm 1) as a MetaSchedule ``PySearchStrategy``.
 
-Per round of the task it tunes: seeds are drawn inside each sketch's constraint region; Adam
-descends O(x) = −score(features(x)) + λ · penalties(x) for a few dozen steps (the features are
-the symbolic schedule's smooth formulas, the score the Felix MLP); every iterate is rounded to
-valid decisions, duplicates and already-measured ones dropped, the rest re-scored at their
-integer points, and the best ``num_trials_per_iter`` (minus a small random exploration share)
-go to MetaSchedule's builder and runner. Measured results fine-tune the cost model online.
-Across tasks MetaSchedule's gradient task scheduler picks which task gets the next round
-(Felix Algorithm 2), and results land in the JSONDatabase like any other strategy's.
-
-A task none of whose sketches the symbolic layer can model is searched by MetaSchedule's
-EvolutionarySearch instead (logged and counted in ``SearchStats``), never aborting the run.
+Only the choice of candidates is gradtune's: MetaSchedule's gradient task scheduler picks which
+task gets the next round (Felix Algorithm 2), its builder and runner measure the batch, and the
+results land in the JSONDatabase like any other strategy's. The choice differentiates the cost
+model's score through the symbolic schedule's smooth feature formulas (``gradtune.symbolic``).
+One cost model (``costmodel.online``) is shared by every task's clone, so what one task
+measures teaches the search of the others. A task none of whose sketches the symbolic layer can
+model is searched by MetaSchedule's EvolutionarySearch instead (logged and counted in the run's
+``RunSummary``), never aborting the run.
 """
 
 from __future__ import annotations
@@ -18,8 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -27,7 +23,8 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from gradtune.costmodel.online import OnlineCostModel
-from gradtune.stop import StopSignal
+from gradtune.costmodel.train import spearman
+from gradtune.search.session import ReportingStrategy, RunSummary, SearchRound, Session
 from gradtune.symbolic.sketch import SymbolicSketch, decision_key
 from gradtune.symbolic.variables import sampling_insts_of
 from gradtune.target import is_gpu as target_is_gpu
@@ -35,61 +32,74 @@ from gradtune.target import is_gpu as target_is_gpu
 log = logging.getLogger("gradtune.search")
 
 
-@dataclass
-class GradientConfig:
-    """Felix used nSeeds 8, nSteps 200, nMeasure 16 on GPUs. When these were chosen one Adam
-    step over a sketch's seeds cost ~150 ms on this CPU (autograd through the feature formulas,
-    plus a TVM replay for every new case), while a round's build + RPC run of 8 candidates is
-    ~8 s; 200 steps would have tripled a round. 16 steps of lr 0.5 (Felix's ×0.2 decay at 30%)
-    move a variable by up to ~3 in log2 space (a factor of 9) from its seed, and the seeds are
-    spread over the whole region. nMeasure is the task scheduler's batch (``trials_per_round``).
-    Since the compiled evaluator a step costs a few ms plus the replays of new cases (a whole
-    round's search ~2–3.5 s on the benchmark models): more steps are affordable now, untested."""
+class GradientConfig(NamedTuple):
+    """Gradient search configuration (Felix's nSeeds and nSteps; its nMeasure is the task
+    scheduler's batch, ``trials_per_round``).
+
+    Parameters
+    ----------
+    seeds : int, default 8
+        Starting points per round, spread over the task's modelled sketches (⌈seeds /
+        sketches⌉ in each, so at least one); Felix's nSeeds.
+    steps : int, default 16
+        Adam steps per round; fewer than Felix's 200 because 16 steps at ``lr`` already move a
+        variable by up to ~3 in log2 space (a factor of 9) from a seed, and the seeds are
+        spread over the whole constraint region.
+    lr : float, default 0.5
+        Adam's learning rate on the variables, which live in log2 space (a step of 1 doubles a
+        tile factor).
+    decay_at : float, default 0.3
+        Fraction of the steps after which the learning rate drops to a fifth (Felix's
+        schedule): long moves first, then settling.
+    penalty_weight : float, default 10.0
+        λ in O(x) = −score(features(x)) + λ · penalties(x): how hard the descent is pushed back
+        into the region where points round to valid decisions.
+    explore : float, default 0.125
+        Share of each batch drawn at random from the candidates below the cut rather than by
+        score (1 in 8), a guard against the cost model's blind spots.
+    """
 
     seeds: int = 8
     steps: int = 16
     lr: float = 0.5
     decay_at: float = 0.3
     penalty_weight: float = 10.0
-    explore: float = 0.125  # share of each batch measured at random, as a guard on the model
-
-
-@dataclass
-class RoundLog:
-    task: str
-    measured: int
-    predicted_best: float  # the model's score of its favourite pick (higher = faster)
-    measured_best_us: float
-    search_s: float
-    descent_s: float
-    measure_s: float  # build + RPC run of the batch (from hand-over to results)
-    prediction_spearman: float  # predicted scores vs measured speed of this batch
-    finetune_loss: float
-    dropped_seeds: int
-
-
-@dataclass
-class SearchStats:
-    """Shared by every task's strategy in a run, for reports and MLflow."""
-
-    rounds: list[RoundLog] = field(default_factory=list)
-    fallback_tasks: list[str] = field(default_factory=list)
-    nan_seeds: int = 0
+    explore: float = 0.125
 
 
 @derived_object
-class GradientSearch(ms.search_strategy.PySearchStrategy):
+class GradientSearch(ReportingStrategy):
+    """Felix's Algorithm 1 for one task per clone; every clone shares the cost model and session.
+
+    A round (``generate_measure_candidates``): ``seeds`` random points spread over the modelled
+    sketches, each inside its sketch's constraint region; ``steps`` Adam steps on
+    O(x) = −score(features(x)) + λ · penalties(x), the features being the sketch's smooth
+    symbolic formulas and the score the Felix MLP; every iterate rounded to valid decisions,
+    duplicates and already-measured ones (this run's and the database's) dropped; the rest
+    re-scored at their integer points; the best ``num_trials_per_iter`` of them (minus the
+    ``explore`` share, drawn at random) go to MetaSchedule's builder and runner.
+    ``notify_runner_results`` fine-tunes the cost model on the measured batch and leaves a
+    ``SearchRound`` in the session.
+
+    Parameters
+    ----------
+    cost_model : OnlineCostModel or None, default None
+        The score to descend and fine-tune; None loads ``OnlineCostModel.default()``.
+    config : GradientConfig or None, default None
+        Seeds, steps and the rest; None for the defaults.
+    session : Session or None, default None
+        The run's session (``tune`` attaches its own); its ``RunSummary`` is created here.
+    """
+
     def __init__(
         self,
         cost_model: OnlineCostModel | None = None,
         config: GradientConfig | None = None,
-        stats: SearchStats | None = None,
-        signal: StopSignal | None = None,
+        session: Session | None = None,
     ) -> None:
-        self.cost_model = cost_model or OnlineCostModel.default()
+        self.cost_model = cost_model if cost_model is not None else OnlineCostModel.default()
         self.config = config or GradientConfig()
-        self.stats = stats if stats is not None else SearchStats()
-        self.signal = signal if signal is not None else StopSignal()
+        self.attach(session if session is not None else Session())
         self.context: Any = None
         self.sketches: list[SymbolicSketch] = []
         self.fallback: Any = None
@@ -103,6 +113,13 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         self._last_predicted = 0.0
         self._pending_scores: list[float] = []
         self._handed_over = 0.0
+
+    def attach(self, session: Session) -> None:
+        """Share ``session``; the first clone to see it starts the run's ``RunSummary``."""
+        if session.summary is None:
+            session.summary = RunSummary(cost_model=self.cost_model.source)
+        self.session = session
+        self.summary: RunSummary = session.summary
 
     # -- MetaSchedule interface ---------------------------------------------------------------
     def _initialize_with_tune_context(self, context: Any) -> None:
@@ -130,7 +147,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         if database is not None:
             self._load_measured(database)
         if not self.sketches:
-            self.stats.fallback_tasks.append(str(self.context.task_name))
+            self.summary.fallback_tasks.append(str(self.context.task_name))
             log.warning("%s: no sketch can be modelled; evolutionary search instead",
                         self.context.task_name)  # fmt: skip
             self.fallback = ms.search_strategy.EvolutionarySearch()
@@ -143,7 +160,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
             self.fallback.post_tuning()
 
     def generate_measure_candidates(self) -> list[Any] | None:
-        if self.signal.stopped:
+        if self.session.stop.stopped:
             return None
         if self.fallback is not None:
             return self.fallback.generate_measure_candidates()
@@ -179,26 +196,28 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
                 if feats is not None and torch.isfinite(feats).all():
                     programs.append(feats.detach().to(torch.float32))
                     latencies.append(float(np.median(secs)))
-        # Scored before fine-tuning on this batch: how well the model predicted it.
-        spearman = _spearman(np.asarray(predicted), -np.asarray(measured))
-        loss = self.cost_model.observe(str(self.context.task_name), programs, latencies)
-        self.stats.rounds.append(
-            RoundLog(
-                task=str(self.context.task_name),
-                measured=len(measure_candidates),
+        # Scored before fine-tuning on this batch: how well the model predicted it. Two points
+        # always correlate ±1, which says nothing.
+        enough = len(predicted) >= 3
+        rho = spearman(np.asarray(predicted), -np.asarray(measured)) if enough else math.nan
+        task = str(self.context.task_name)
+        loss = self.cost_model.observe(task, programs, latencies)
+        self.session.searched(
+            task,
+            SearchRound(
                 predicted_best=self._last_predicted,
                 measured_best_us=1e6 * min(latencies, default=math.inf),
                 search_s=self._last_search_s,
                 descent_s=self._last_descent_s,
                 measure_s=measure_s,
-                prediction_spearman=spearman,
+                prediction_spearman=rho,
                 finetune_loss=loss,
-                dropped_seeds=self.stats.nan_seeds,
-            )
+                dropped_seeds=self.summary.nan_seeds,
+            ),
         )
 
     def clone(self) -> GradientSearch:
-        return GradientSearch(self.cost_model, self.config, self.stats, self.signal)
+        return GradientSearch(self.cost_model, self.config, self.session)
 
     # -- Algorithm 1 ---------------------------------------------------------------------------
     def _load_measured(self, database: Any) -> None:
@@ -242,7 +261,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
                 objective.backward()
                 bad = ~torch.isfinite(x.grad).all(1)
                 if bad.any():
-                    self.stats.nan_seeds += int((bad & alive).sum())
+                    self.summary.nan_seeds += int((bad & alive).sum())
                     alive &= ~bad
                     x.grad[bad] = 0.0
                 optim.step()
@@ -275,7 +294,7 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         finite = np.isfinite(scores)
         if not finite.all():
             # A prediction that is NaN/inf says nothing: drop it (counted), keep the rest.
-            self.stats.nan_seeds += int((~finite).sum())
+            self.summary.nan_seeds += int((~finite).sum())
             scored = [c for c, ok in zip(scored, finite, strict=True) if ok]
             scores = scores[finite]
             if not scored:
@@ -287,14 +306,6 @@ class GradientSearch(ms.search_strategy.PySearchStrategy):
         chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit
         self._last_predicted = float(scores[order[0]])
         return [(scored[i][0], scored[i][1], float(scores[i])) for i in chosen]
-
-
-def _spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Rank correlation (NaN for fewer than 3 points or a constant side)."""
-    if len(a) < 3 or np.ptp(a) == 0 or np.ptp(b) == 0:
-        return math.nan
-    ra, rb = np.argsort(np.argsort(a)), np.argsort(np.argsort(b))
-    return float(np.corrcoef(ra, rb)[0, 1])
 
 
 def _decisions_of(sym: SymbolicSketch, trace: Any) -> dict | None:

@@ -4,9 +4,9 @@ The only clean way to end ``tune_tasks`` early is for every task's strategy to a
 candidates": the scheduler then terminates the task itself. Terminating tasks from a measure
 callback instead races the gradient task scheduler, which joins a task inside ``NextTaskId``
 and then asserts that the task it picked is still alive (``Check failed: !task->is_terminated``).
-So every strategy gradtune runs shares a ``StopSignal``; ``Stoppable`` gives MetaSchedule's own
-strategies (evolutionary, replay) that behaviour by delegation, and the gradient search checks
-the signal itself.
+So every strategy gradtune runs polls the session's ``StopSignal``; ``Stoppable`` gives
+MetaSchedule's own strategies (evolutionary, replay) that behaviour by delegation, and the
+gradient search checks the signal itself.
 """
 
 from __future__ import annotations
@@ -16,16 +16,19 @@ from typing import Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from gradtune.stop import StopSignal
+from gradtune.search.session import ReportingStrategy, Session
 
 
 @derived_object
-class Stoppable(ms.search_strategy.PySearchStrategy):
-    """A MetaSchedule strategy (by name, or a template to clone) that stops on the signal."""
+class Stoppable(ReportingStrategy):
+    """A MetaSchedule strategy (by name, or a template to clone) that stops on the signal.
 
-    def __init__(self, strategy: str | Any, signal: StopSignal | None = None) -> None:
+    It leaves nothing in the session: its batches' ``RoundLog``s carry no ``SearchRound``.
+    """
+
+    def __init__(self, strategy: str | Any, session: Session | None = None) -> None:
         self.strategy = strategy
-        self.signal = signal if signal is not None else StopSignal()
+        self.session = session if session is not None else Session()
         self.inner: Any = None
 
     def _initialize_with_tune_context(self, context: Any) -> None:
@@ -43,7 +46,7 @@ class Stoppable(ms.search_strategy.PySearchStrategy):
         self.inner.post_tuning()
 
     def generate_measure_candidates(self) -> list[Any] | None:
-        if self.signal.stopped:
+        if self.session.stop.stopped:
             return None
         return self.inner.generate_measure_candidates()
 
@@ -51,4 +54,4 @@ class Stoppable(ms.search_strategy.PySearchStrategy):
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self) -> Stoppable:
-        return Stoppable(self.strategy, self.signal)
+        return Stoppable(self.strategy, self.session)

@@ -1,0 +1,152 @@
+"""What the tuning loop and its search strategy share for one run: stop signal and records.
+
+MetaSchedule tells a strategy about a measured batch (``notify_runner_results``) and then runs
+the measure callbacks on the same batch, one task at a time. The loop's callback knows what
+the whole run has reached (trials, best latencies, the estimated model); the strategy knows how
+it chose the batch (search time, predictions, the cost model's fine-tune loss). So the loop
+hands every strategy one ``Session``: the strategy leaves its account of the batch there
+(``searched``), the loop's callback takes it into the batch's ``RoundLog`` (``take``), and the
+run's ``RunSummary`` and ``StopSignal`` live there too. Every strategy gradtune runs is a
+``ReportingStrategy``, so the loop attaches the session without asking what it was given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tvm.s_tir import meta_schedule as ms
+
+from gradtune.stop import StopSignal
+
+
+@dataclass
+class SearchRound:
+    """How gradtune's gradient search chose and learned from one measured batch.
+
+    Parameters
+    ----------
+    predicted_best : float
+        The cost model's score of its favourite pick (higher = faster).
+    measured_best_us : float
+        The batch's best median latency among the candidates the model learned from.
+    search_s : float
+        Seconds spent choosing the batch (descent, rounding, re-scoring).
+    descent_s : float
+        Of which the Adam descent over the seeds.
+    measure_s : float
+        Build + RPC run of the batch, from hand-over to results.
+    prediction_spearman : float
+        Rank correlation of the predicted scores with the measured speed of this batch, before
+        fine-tuning on it (NaN for fewer than 3 measured candidates or a constant side).
+    finetune_loss : float
+        The cost model's ranking loss after fine-tuning on the batch (last epoch).
+    dropped_seeds : int
+        Seeds and picks dropped so far in the run for a NaN/inf gradient or score.
+    """
+
+    predicted_best: float
+    measured_best_us: float
+    search_s: float
+    descent_s: float
+    measure_s: float
+    prediction_spearman: float
+    finetune_loss: float
+    dropped_seeds: int
+
+
+@dataclass
+class RoundLog:
+    """One measured batch: the unit of the latency-vs-time curve and of the per-round metrics.
+
+    Parameters
+    ----------
+    round : int
+        1-based position of the batch in this run.
+    task : str
+        The task the batch belongs to.
+    measured : int
+        Candidates in the batch, failed ones included.
+    trials : int
+        Trials measured so far in this run (resumed ones excluded).
+    seconds : float
+        Wall-clock since tuning started.
+    batch_best_us : float
+        Best median latency in the batch (inf when every candidate failed).
+    task_best_us : float
+        Best latency of the task so far, resumed trials included.
+    estimated_model_us : float
+        Σ weight × best-so-far over all tasks (the untuned latency for unmeasured ones).
+    search : SearchRound or None
+        The gradient search's account of the batch; None for MetaSchedule's strategies and for
+        a task the gradient search handed to evolutionary search.
+    """
+
+    round: int
+    task: str
+    measured: int
+    trials: int
+    seconds: float
+    batch_best_us: float
+    task_best_us: float
+    estimated_model_us: float
+    search: SearchRound | None = None
+
+
+@dataclass
+class RunSummary:
+    """The gradient search's run totals (MLflow parameters ``search_<field>``).
+
+    Parameters
+    ----------
+    cost_model : str
+        Where the cost model's starting weights came from (a path or a registry model).
+    fallback_tasks : list of str, default []
+        Tasks none of whose sketches the symbolic layer models, searched evolutionarily.
+    nan_seeds : int, default 0
+        Seeds and picks dropped for a NaN/inf gradient or score.
+    """
+
+    cost_model: str
+    fallback_tasks: list[str] = field(default_factory=list)
+    nan_seeds: int = 0
+
+
+@dataclass
+class Session:
+    """One run's shared state between the tuning loop and every clone of its strategy.
+
+    Parameters
+    ----------
+    stop : StopSignal, default StopSignal()
+        Set by the time budget or Ctrl-C; every strategy then answers "no more candidates".
+    summary : RunSummary or None, default None
+        Run totals, created by a strategy that keeps them (the gradient search).
+    pending : dict of str to SearchRound, default {}
+        A strategy's account of the batch just measured, per task, until the loop takes it.
+    """
+
+    stop: StopSignal = field(default_factory=StopSignal)
+    summary: RunSummary | None = None
+    pending: dict[str, SearchRound] = field(default_factory=dict)
+
+    def searched(self, task: str, detail: SearchRound) -> None:
+        """The strategy's account of ``task``'s batch, given in ``notify_runner_results``."""
+        self.pending[task] = detail
+
+    def take(self, task: str) -> SearchRound | None:
+        """The account of ``task``'s batch, for its ``RoundLog`` (None if nothing was given)."""
+        return self.pending.pop(task, None)
+
+
+class ReportingStrategy(ms.search_strategy.PySearchStrategy):
+    """A MetaSchedule ``PySearchStrategy`` that takes the run's ``Session``.
+
+    Subclasses are ``@derived_object`` classes: they poll ``self.session.stop`` in
+    ``generate_measure_candidates`` and hand the session to their clones (MetaSchedule clones
+    the strategy once per task).
+    """
+
+    session: Session
+
+    def attach(self, session: Session) -> None:
+        self.session = session

@@ -90,3 +90,52 @@ def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, 
     assert result.search_summary.fallback_tasks == ["reshape"]
     assert all(r.search is None for r in result.rounds), "evolutionary batches have no search"
     assert count_records(run_database(tmp_path)) >= 1
+
+
+def test_measured_programs_are_told_apart_by_sketch_and_the_fastest_seed_the_descent(
+    llvm_target,
+):
+    """Two sketches of a conv share every sampling instruction and differ in where the output
+    is written back: the same decisions are two programs, and a measured trace is matched to
+    the sketch it came from, never to the first with the same sampling kinds."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.frontend import load_model
+    from gradtune.search import make_strategy
+    from gradtune.search.gradient_search import GradientConfig
+    from gradtune.tvm_compat import register_tensor_intrinsics
+    from tests.conftest import EXAMPLES
+
+    register_tensor_intrinsics("llvm")
+    model = load_model(EXAMPLES / "small_cnn.py")
+    _, tasks = partition(model.mod, model.params, llvm_target)
+    conv = max(tasks, key=lambda t: t.flops)
+    strategy = make_strategy("gradient", config=GradientConfig(seeds=4, elite=0.5))
+    context = ms.TuneContext(
+        mod=conv.mod, target=llvm_target, space_generator="post-order-apply",
+        search_strategy="replay-trace", task_name=conv.name, num_threads=2,
+    ).clone()  # fmt: skip
+    search = strategy
+    search._initialize_with_tune_context(context)
+    search.pre_tuning(8, 4, context.generate_design_space())
+    same_kinds = [[i.kind.name for i in s.variables.sampling_insts] for s in search.sketches]
+    assert len(search.sketches) >= 2 and same_kinds[-1] == same_kinds[-2]
+    rng = np.random.default_rng(0)
+    for k, sym in enumerate(search.sketches):
+        decisions = sym.variables.round(sym.variables.random_point(rng))
+        trace = sym.replay(decisions).schedule.trace
+        assert search._sketch_of(trace) == (k, decisions)
+    # The two fastest distinct programs seed the descent (elite = 0.5 of 4 seeds), each in its
+    # own sketch, beside random seeds in every sketch.
+    history = []
+    for k, sym in enumerate(search.sketches):
+        for latency in (3.0, 1.0 + k, 5.0):
+            history.append((latency, k, sym.variables.round(sym.variables.random_point(rng))))
+    search.history = history
+    elites = search._elites(2)
+    assert sorted((k, len(d)) for k, d in elites.items()) == [(0, 1), (1, 1)]
+    assert elites[0][0] is history[1][2] and elites[1][0] is history[4][2]
+    seeds = search._seeds(0, search.sketches[0], 2, elites[0])
+    encoded = search.sketches[0].variables.encode(elites[0][0])
+    assert seeds.shape[0] == 3 and np.abs(seeds[0] - encoded).max() <= 0.3
+    assert search._search(4), "a round with elite seeds still yields candidates"

@@ -57,6 +57,14 @@ class GradientConfig(NamedTuple):
     explore : float, default 0.125
         Share of each batch drawn at random from the candidates below the cut rather than by
         score (1 in 8), a guard against the cost model's blind spots.
+    elite : float, default 0.0
+        Share of the seeds started from the task's fastest measured programs (this run's and
+        the database's), each in its own sketch, instead of at random. Felix seeds at random;
+        MetaSchedule's evolutionary search starts its population from the database's best,
+        which is how it keeps improving once the cost model's ranking runs out.
+    per_seed_first : bool, default False
+        Fill the exploited part of a batch with each seed's best-scored candidate first, then
+        by score: one trajectory's neighbouring iterates cannot take the whole batch.
     """
 
     seeds: int = 8
@@ -65,6 +73,8 @@ class GradientConfig(NamedTuple):
     decay_at: float = 0.3
     penalty_weight: float = 10.0
     explore: float = 0.125
+    elite: float = 0.0
+    per_seed_first: bool = False
 
 
 @derived_object
@@ -103,11 +113,14 @@ class GradientSearch(ReportingStrategy):
         self.context: Any = None
         self.sketches: list[SymbolicSketch] = []
         self.fallback: Any = None
-        self.measured: set = set()
+        # Per modelled sketch: its instruction count and text without decisions.
+        self.signatures: list[tuple[int, str]] = []
+        self.measured: set = set()  # (sketch index, decision key)
+        self.history: list[tuple[float, int, dict]] = []  # (seconds, sketch index, decisions)
         self.remaining = 0
         self.per_iter = 0
         self.rng = np.random.default_rng(0)
-        self._pending: list[tuple[SymbolicSketch, dict]] = []
+        self._pending: list[tuple[int, dict]] = []
         self._last_search_s = 0.0
         self._last_descent_s = 0.0
         self._last_predicted = 0.0
@@ -133,7 +146,7 @@ class GradientSearch(ReportingStrategy):
         mod = self.context.mod
         postprocs = list(self.context.space_generator.postprocs)
         is_gpu = target_is_gpu(self.context.target)
-        self.sketches = []
+        self.sketches, self.signatures = [], []
         for space in design_spaces:
             try:
                 sym = SymbolicSketch.build(
@@ -144,6 +157,8 @@ class GradientSearch(ReportingStrategy):
                 continue
             if sym.variables.dim > 0 and sym.replay(sym.variables.sketch_decisions()):
                 self.sketches.append(sym)
+                n = len(space.trace.insts)
+                self.signatures.append((n, trace_signature(space.trace, n)))
         if database is not None:
             self._load_measured(database)
         if not self.sketches:
@@ -172,10 +187,12 @@ class GradientSearch(ReportingStrategy):
         if not picks:
             return None
         args_info = ms.arg_info.ArgInfo.from_prim_func(self.context.mod["main"])
-        self._pending = [(sym, d) for sym, d, _ in picks]
+        self._pending = [(k, d) for k, d, _ in picks]
         self._pending_scores = [score for _, _, score in picks]
         self._handed_over = time.perf_counter()
-        return [ms.MeasureCandidate(sym.replay(d).schedule, args_info) for sym, d, _ in picks]
+        return [
+            ms.MeasureCandidate(self.sketches[k].replay(d).schedule, args_info) for k, d, _ in picks
+        ]
 
     def notify_runner_results(self, measure_candidates, results) -> None:
         if self.fallback is not None:
@@ -184,15 +201,16 @@ class GradientSearch(ReportingStrategy):
         measure_s = time.perf_counter() - self._handed_over
         self.remaining -= len(measure_candidates)
         programs, latencies, predicted, measured = [], [], [], []
-        for (sym, decisions), score, result in zip(
+        for (k, decisions), score, result in zip(
             self._pending, self._pending_scores, results, strict=False
         ):
-            self.measured.add(decision_key(decisions))
+            self.measured.add((k, decision_key(decisions)))
             secs = [float(s) for s in (result.run_secs or [])]
             if result.error_msg is None and secs:
                 predicted.append(score)
                 measured.append(float(np.median(secs)))
-                feats = sym.features_at(decisions, "smooth", refit=False)
+                self.history.append((float(np.median(secs)), k, decisions))
+                feats = self.sketches[k].features_at(decisions, "smooth", refit=False)
                 if feats is not None and torch.isfinite(feats).all():
                     programs.append(feats.detach().to(torch.float32))
                     latencies.append(float(np.median(secs)))
@@ -221,26 +239,70 @@ class GradientSearch(ReportingStrategy):
 
     # -- Algorithm 1 ---------------------------------------------------------------------------
     def _load_measured(self, database: Any) -> None:
-        """Decisions already in the database for this workload: never measured twice (resume)."""
+        """Programs already in the database for this workload: never measured twice (resume),
+        and the fastest of them seed the descent (``elite``)."""
         if not database.has_workload(self.context.mod):
             return
         workload = database.commit_workload(self.context.mod)
         for record in database.get_top_k(workload, 100000):
-            for sym in self.sketches:
-                decisions = _decisions_of(sym, record.trace)
-                if decisions is not None:
-                    self.measured.add(decision_key(decisions))
-                    break
+            k, decisions = self._sketch_of(record.trace)
+            if decisions is None:
+                continue
+            self.measured.add((k, decision_key(decisions)))
+            secs = [float(s) for s in (record.run_secs or [])]
+            if secs:
+                self.history.append((float(np.median(secs)), k, decisions))
 
-    def _search(self, count: int) -> list[tuple[SymbolicSketch, dict, float]]:
+    def _sketch_of(self, trace: Any) -> tuple[int, dict | None]:
+        """Which modelled sketch ``trace`` instantiates, and its decisions in that sketch's
+        format. Sketches can share every sampling instruction and differ only in a compute
+        location or an inlined block, so the whole instruction text decides, not the kinds."""
+        for k, sym in enumerate(self.sketches):
+            n, signature = self.signatures[k]
+            if len(trace.insts) < n or trace_signature(trace, n) != signature:
+                continue
+            decisions = _decisions_of(sym, trace)
+            if decisions is not None:
+                return k, decisions
+        return -1, None
+
+    def _seeds(self, k: int, sym: SymbolicSketch, randoms: int, elites: list[dict]) -> np.ndarray:
+        """Starting points in sketch ``k``: measured elites with a little jitter (so Adam does
+        not start on a point it may not measure again), then random points of the region."""
+        points = [
+            sym.variables.encode(d) + self.rng.uniform(-0.3, 0.3, sym.variables.dim) for d in elites
+        ]
+        points += [sym.variables.random_point(self.rng) for _ in range(randoms)]
+        return np.stack(points)
+
+    def _elites(self, count: int) -> dict[int, list[dict]]:
+        """The ``count`` fastest distinct measured programs, grouped by sketch."""
+        chosen: dict[int, list[dict]] = {}
+        seen = set()
+        for _, k, decisions in sorted(self.history, key=lambda h: h[0]):
+            if len(seen) >= count:
+                break
+            key = (k, decision_key(decisions))
+            if key not in seen:
+                seen.add(key)
+                chosen.setdefault(k, []).append(decisions)
+        return chosen
+
+    def _search(self, count: int) -> list[tuple[int, dict, float]]:
         cfg = self.config
         model = self.cost_model.model
         start = time.perf_counter()
-        candidates: dict[tuple, tuple[SymbolicSketch, dict]] = {}
-        seeds_per_sketch = max(1, math.ceil(cfg.seeds / len(self.sketches)))
-        for sym in self.sketches:
-            seeds = range(seeds_per_sketch)
-            points = np.stack([sym.variables.random_point(self.rng) for _ in seeds])
+        # (sketch index, decision key) → (sketch index, decisions, seed id): the same decisions
+        # in two sketches are two different programs.
+        candidates: dict[tuple, tuple[int, dict, int]] = {}
+        elites = self._elites(int(round(cfg.elite * cfg.seeds)))
+        randoms = cfg.seeds - sum(len(e) for e in elites.values())
+        random_per_sketch = max(1, math.ceil(randoms / len(self.sketches)))
+        seed_id = 0
+        for k, sym in enumerate(self.sketches):
+            points = self._seeds(k, sym, random_per_sketch, elites.get(k, []))
+            ids = range(seed_id, seed_id + len(points))
+            seed_id += len(points)
             x = torch.tensor(points, requires_grad=True)
             optim = torch.optim.Adam([x], lr=cfg.lr)
             alive = torch.ones(len(points), dtype=torch.bool)
@@ -248,9 +310,10 @@ class GradientSearch(ReportingStrategy):
                 if step == int(cfg.decay_at * cfg.steps):
                     for group in optim.param_groups:
                         group["lr"] = cfg.lr * 0.2
-                for row in x.detach().numpy()[alive.numpy()]:
-                    decisions = sym.variables.round(row)
-                    candidates.setdefault(decision_key(decisions), (sym, decisions))
+                for row, sid in zip(x.detach().numpy(), ids, strict=True):
+                    if alive[sid - ids.start]:
+                        decisions = sym.variables.round(row)
+                        candidates.setdefault((k, decision_key(decisions)), (k, decisions, sid))
                 feats = sym.features(x, "smooth", refit=False)
                 valid = [i for i, f in enumerate(feats) if f is not None and alive[i]]
                 if not valid:
@@ -269,28 +332,29 @@ class GradientSearch(ReportingStrategy):
         self._last_descent_s = time.perf_counter() - start
         return self._pick(fresh, count)
 
-    def _pick(self, fresh: list, count: int) -> list[tuple[SymbolicSketch, dict, float]]:
+    def _pick(self, fresh: list, count: int) -> list[tuple[int, dict, float]]:
         """Re-score every rounded candidate at its integer point; best first, plus exploration."""
-        by_sketch: dict[int, tuple[SymbolicSketch, list[dict]]] = {}
-        for sym, decisions in fresh:
-            probe = sym.replay(decisions)
+        by_sketch: dict[int, list[tuple[dict, int]]] = {}
+        for k, decisions, sid in fresh:
+            probe = self.sketches[k].replay(decisions)
             if probe is None or not probe.valid:  # rejected by a postprocessor or GPU limits
                 continue
-            by_sketch.setdefault(id(sym), (sym, []))[1].append(decisions)
+            by_sketch.setdefault(k, []).append((decisions, sid))
         scored = []
-        for sym, decisions in by_sketch.values():
+        for k, entries in by_sketch.items():
+            sym = self.sketches[k]
             # One pass over all of a sketch's candidates (their cases compiled together) rather
             # than one evaluation per candidate: integer points encode and round back exactly.
-            points = torch.tensor(np.stack([sym.variables.encode(d) for d in decisions]))
+            points = torch.tensor(np.stack([sym.variables.encode(d) for d, _ in entries]))
             with torch.no_grad():
                 feats = sym.features(points, "smooth", refit=False)
-            for d, f in zip(decisions, feats, strict=True):
+            for (d, sid), f in zip(entries, feats, strict=True):
                 if f is not None and torch.isfinite(f).all():
-                    scored.append((sym, d, f.to(torch.float32)))
+                    scored.append((k, d, f.to(torch.float32), sid))
         if not scored:
             return []
         with torch.no_grad():
-            scores = self.cost_model.model.score([f for _, _, f in scored]).numpy()
+            scores = self.cost_model.model.score([f for _, _, f, _ in scored]).numpy()
         finite = np.isfinite(scores)
         if not finite.all():
             # A prediction that is NaN/inf says nothing: drop it (counted), keep the rest.
@@ -300,12 +364,28 @@ class GradientSearch(ReportingStrategy):
             if not scored:
                 return []
         order = list(np.argsort(-scores))
+        if self.config.per_seed_first:
+            firsts, seen = [], set()
+            for i in order:
+                if scored[i][3] not in seen:
+                    seen.add(scored[i][3])
+                    firsts.append(i)
+            order = firsts + [i for i in order if i not in set(firsts)]
         explore = min(len(order), int(round(self.config.explore * count)))
         exploit = order[: count - explore]
         rest = order[count - explore :]
         chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit
-        self._last_predicted = float(scores[order[0]])
+        self._last_predicted = float(scores.max())
         return [(scored[i][0], scored[i][1], float(scores[i])) for i in chosen]
+
+
+def trace_signature(trace: Any, length: int) -> str:
+    """The first ``length`` instructions of ``trace`` as text, without sampled decisions: what
+    tells two sketches of one task apart (a measured program's trace is its sketch's
+    instructions followed by the postprocessors')."""
+    from tvm.s_tir.schedule import Trace
+
+    return str(Trace(list(trace.insts[:length]), {}).as_python())
 
 
 def _decisions_of(sym: SymbolicSketch, trace: Any) -> dict | None:

@@ -27,6 +27,7 @@ import torch
 
 from gradtune.symbolic.compiled import compiled, evaluate_cases
 from gradtune.symbolic.formulas import LeafFormula, fit_leaves
+from gradtune.symbolic.gpu import gpu_penalties
 from gradtune.symbolic.program import Program, extract_program
 from gradtune.symbolic.regions import depths, derive
 from gradtune.symbolic.variables import SketchVariables, TileVar
@@ -575,8 +576,6 @@ class SymbolicSketch:
         return total
 
     def _gpu_penalties(self, x: torch.Tensor) -> torch.Tensor:
-        from gradtune.symbolic.gpu import penalty
-
         log_f, cats = self.continuous_columns(x)
         out = torch.zeros(x.shape[0], dtype=x.dtype)
         for i in range(x.shape[0]):
@@ -587,6 +586,6 @@ class SymbolicSketch:
             out = (
                 out
                 + torch.nn.functional.one_hot(torch.tensor(i), x.shape[0]).to(x.dtype)
-                * (penalty(probe.program, leaves, self.target)[0])
+                * (gpu_penalties(probe.program, leaves, self.target)[0])
             )
         return out

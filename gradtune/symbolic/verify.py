@@ -20,7 +20,11 @@ import torch
 
 from gradtune.errors import GradtuneError
 from gradtune.symbolic.features import FEATURE_NAMES, FEATURES, GROUPS
+from gradtune.symbolic.gpu import gpu_verdict
+from gradtune.symbolic.sketch import SymbolicSketch
 from gradtune.target import is_gpu as target_is_gpu
+from gradtune.target import make_target, parse_target
+from gradtune.tvm_compat import register_tensor_intrinsics
 
 TOLERANCE = 1e-4
 VERIFIED_FRACTION = 0.99
@@ -101,8 +105,6 @@ def design_space(mod: Any, target: Any, seed: int = -1) -> tuple[Any, list[Any],
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from gradtune.tvm_compat import register_tensor_intrinsics
-
     register_tensor_intrinsics(target.kind.name)
     ctx = ms.TuneContext(
         mod=mod,
@@ -120,8 +122,6 @@ def verify_module(
     import time
 
     from tvm.s_tir import meta_schedule as ms
-
-    from gradtune.symbolic.sketch import SymbolicSketch
 
     ctx, sketches, postprocs = design_space(mod, target, seed)
     is_gpu = target_is_gpu(target)
@@ -142,9 +142,7 @@ def verify_module(
             decisions = sym.random_decisions(rng)
             probe = sym.replay(decisions)
             if is_gpu and probe is not None:
-                from gradtune.symbolic.gpu import verdict
-
-                ours = verdict(probe.program, target)[0]
+                ours = gpu_verdict(probe.program, target)[0]
                 report.gpu_checks += 1
                 report.gpu_agree += ours == probe.valid
             if probe is None or not probe.valid:
@@ -241,8 +239,6 @@ def print_report(reports: list[SketchReport], console: Any) -> None:
 def run(path: str, target_spec: str | None, samples: int, seed: int = 0) -> int:
     from rich.console import Console
     from rich.progress import Progress
-
-    from gradtune.target import make_target, parse_target
 
     if samples < 1:
         raise GradtuneError(f"--samples must be at least 1, got {samples}")

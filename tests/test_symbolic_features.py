@@ -86,6 +86,76 @@ def test_formulas_match_tvm_on_held_out_decisions(matmul_task):
     assert all(r.samples == 4 for r in reports)
 
 
+def test_verify_holds_its_samples_out_of_every_fit():
+    """No sample is a probe of the sketch-wide fit, nor a neighbour any per-case fit used."""
+    import tvm
+
+    from gradtune.symbolic.sketch import SymbolicSketch
+    from gradtune.symbolic.verify import design_space, load_tvmscript, verify_sketch
+
+    mod = load_tvmscript(OPS / "dense_bias_relu.tvmscript")
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    ctx, sketches, postprocs = design_space(mod, target, seed=0)
+    rng = np.random.default_rng(0)
+    sym = SymbolicSketch.build(mod, sketches[0].trace, postprocs, rng=rng, target=target)
+    sketch_wide = set(sym.fitted_on)
+    report = verify_sketch(sym, ctx, 4, rng)
+    assert report.samples == 4 and report.held_out and report.verified
+    assert len(sym.held_out) >= 2
+    assert sym.fitted_on > sketch_wide  # the per-case fits' neighbours are in the check
+    assert not sym.fitted_on & sym.held_out
+
+
+def test_verify_checks_a_sketch_its_probes_exhaust_at_every_point():
+    """A sketch whose only decision is an unroll step has four points, all probes: nothing can
+    be held out, so it is checked at each of them, and the JSON says which sketch that was."""
+    import tvm
+
+    from gradtune.symbolic.sketch import SymbolicSketch
+    from gradtune.symbolic.variables import SketchVariables
+    from gradtune.symbolic.verify import design_space, load_tvmscript, summary, verify_sketch
+
+    mod = load_tvmscript(OPS / "layer_norm.tvmscript")
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    ctx, sketches, postprocs = design_space(mod, target, seed=0)
+    rng = np.random.default_rng(0)
+    index, sketch = next(
+        (i, s) for i, s in enumerate(sketches) if not SketchVariables.from_trace(s.trace).tiles
+    )
+    sym = SymbolicSketch.build(mod, sketch.trace, postprocs, rng=rng, target=target)
+    assert len(sym.variables.every_decision(100)) == len(sym.fitted_on) == 4
+    report = verify_sketch(sym, ctx, 3, rng, index)
+    assert report.exhaustive and not report.held_out and report.samples == 4
+    assert report.verified
+    result = summary([report], 3)
+    assert result["exhaustive"] == [index] and "held_out" not in result
+
+
+def test_per_case_fit_skips_held_out_neighbours(matmul_task):
+    """The neighbours one per-case fit uses are, once held out, never fitted on by it."""
+    from gradtune.symbolic.sketch import SymbolicSketch, decision_key
+
+    mod, target, _, sketches, postprocs = matmul_task
+
+    def built() -> SymbolicSketch:
+        return SymbolicSketch.build(
+            mod, sketches[0].trace, postprocs, rng=np.random.default_rng(4), target=target
+        )
+
+    first = built()
+    point = first.replay(first.random_decisions(np.random.default_rng(9)))
+    before = set(first.fitted_on)
+    first.fit_case(point)
+    used = first.fitted_on - before - {decision_key(point.decisions)}
+    assert used
+
+    second = built()
+    assert second.fitted_on == before  # the same probes: the build is deterministic
+    second.held_out = frozenset(used)
+    second.fit_case(second.replay(point.decisions))
+    assert not second.fitted_on & used
+
+
 def test_smooth_features_have_finite_nonzero_gradients(matmul_task):
     from gradtune.symbolic.sketch import SymbolicSketch
 
@@ -136,6 +206,7 @@ def test_verify_cli_on_operator_files(name):
     assert last["sketches"] == last["verified_sketches"] >= 1
     assert last["features"] == 164 and last["samples"] == 3
     assert last["exact_fraction"] >= 0.99 and last["unsupported"] == []
+    assert last["held_out"] is True
 
 
 @pytest.mark.parametrize(

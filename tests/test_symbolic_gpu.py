@@ -127,7 +127,7 @@ def test_penalty_gradient_and_descent_to_valid_points(cuda_task):
             continue
         log_f, cats = sym.continuous_columns(x)
         leaves = sym.leaves(probe.program, log_f, cats, point_values=True)
-        value = gpu_penalties(sym, probe.program, leaves, target)
+        value = gpu_penalties(probe.program, leaves, target)
         ours = gpu_verdict(probe.program, target)[0]
         assert ours == probe.valid
         if ours:

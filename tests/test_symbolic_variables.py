@@ -1,5 +1,8 @@
 """Sketch variables: every point decodes to a valid trace, and TVM keeps our decisions."""
 
+import itertools
+import math
+
 import numpy as np
 import pytest
 
@@ -20,6 +23,23 @@ def test_tile_rounding_is_always_a_perfect_tiling_within_max_innermost():
         assert np.prod(factors) == 96 and all(f >= 1 for f in factors)
         assert factors[-1] <= 8
     assert var.round(var.encode([3, 2, 4, 4])) == [3, 2, 4, 4]
+
+
+def test_tilings_are_every_tiling_rounding_gives_and_the_space_is_their_product():
+    var = TileVar(index=0, extent=96, n=4, max_innermost=8, primes=[2, 3], totals=[5, 1])
+    tilings = {tuple(t) for t in var.tilings()}
+    brute = itertools.product([d for d in range(1, 97) if 96 % d == 0], repeat=4)
+    assert tilings == {t for t in brute if math.prod(t) == 96 and t[-1] <= 8}
+    assert len(tilings) == len(var.tilings())
+    assert all(tuple(var.round(var.encode(list(t)))) == t for t in tilings)
+    rng = np.random.default_rng(1)
+    assert all(tuple(var.round(rng.uniform(-1, 6, var.size))) in tilings for _ in range(500))
+    cat = CategoricalVar(index=1, candidates=[0, 16, 64, 512])
+    variables = SketchVariables(trace=None, tiles=[var], categoricals=[cat])
+    every = variables.every_decision(len(tilings) * 4)
+    assert len(every) == len(tilings) * 4
+    assert {(tuple(d[0]), d[1]) for d in every} == {(t, c) for t in tilings for c in range(4)}
+    assert variables.every_decision(len(tilings) * 4 - 1) is None
 
 
 def test_categorical_snaps_to_nearest_candidate_in_log_space():

@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from gradtune.symbolic.program import CACHE_LINE_BYTES, Program
+from gradtune.symbolic.program import ARITH_NAMES, CACHE_LINE_BYTES, Program
 
 FEATURES = 164
 BUFFERS_PER_STORE = 5
@@ -36,8 +36,6 @@ _LN2 = math.log(2.0)
 
 
 def _feature_names() -> list[str]:
-    from gradtune.symbolic.program import ARITH_NAMES
-
     names = list(ARITH_NAMES)
     positions = ["none", "inner_spatial", "middle_spatial", "outer_spatial"]
     positions += ["inner_reduce", "middle_reduce", "outer_reduce", "mixed"]

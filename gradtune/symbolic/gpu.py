@@ -41,6 +41,7 @@ from typing import Any
 import torch
 
 from gradtune.errors import GradtuneError
+from gradtune.symbolic import tir
 from gradtune.symbolic.program import Program
 
 MAX_VTHREAD = 8  # hard-coded by the postproc; never reached in practice (module docstring)
@@ -198,13 +199,9 @@ def constraint_values(
     return out
 
 
-def gpu_penalties(
-    sym: Any, program: Program, leaves: dict[str, torch.Tensor], target: Any
-) -> torch.Tensor:
+def gpu_penalties(program: Program, leaves: dict[str, torch.Tensor], target: Any) -> torch.Tensor:
     """Σ relu(g)² over the GPU constraints of ``program``'s case (batch,), differentiable in
-    whatever ``leaves`` were built from (``sym.leaves(program, log_f, cats)``). ``sym`` is
-    accepted for the interface's sake: the constraints need only the case and the leaves."""
-    del sym
+    whatever ``leaves`` were built from (``SymbolicSketch.leaves(program, log_f, cats)``)."""
     values = constraint_values(program, leaves, target)
     like = next(iter(leaves.values())).to(torch.float64) * 0
     return sum((torch.relu(g) ** 2 for g in values.values()), like)
@@ -228,21 +225,6 @@ def gpu_verdict(
         if bad or c.always:
             violated.append(c.name)
     return not violated, violated
-
-
-# Names the rest of the package imports.
-def constraints(
-    program: Program, leaves: dict[str, torch.Tensor], target: Any
-) -> dict[str, torch.Tensor]:
-    return constraint_values(program, leaves, target)
-
-
-def penalty(program: Program, leaves: dict[str, torch.Tensor], target: Any) -> torch.Tensor:
-    return gpu_penalties(None, program, leaves, target)
-
-
-def verdict(program: Program, target: Any) -> tuple[bool, list[str]]:
-    return gpu_verdict(program, target)
 
 
 # -- TVM's side, ported: which check a schedule fails --------------------------------------------
@@ -280,7 +262,7 @@ def verify_lowering(mod: Any, target: Any) -> Any:
     ]
     funcs = {}
     for gv, func in mod.functions.items():
-        if type(func).__name__ == "PrimFunc":
+        if tir.node_type(func) == "PrimFunc":
             f = func.with_attr("global_symbol", gv.name_hint).with_attr("target", target)
             funcs[gv.name_hint] = f.with_attr("tirx.noalias", True)
     return tvm.transform.Sequential(passes)(tvm.IRModule(funcs))
@@ -291,7 +273,7 @@ def _thread_extent_errors(stmt: Any, warp: int) -> list[str]:
     errors: list[str] = []
 
     def visit(s: Any, ext: dict[str, int]) -> None:
-        t = type(s).__name__
+        t = tir.node_type(s)
         if t == "For":
             if s.thread_binding is not None and s.thread_binding.thread_tag in _THREAD_IDX:
                 ext = {**ext, s.thread_binding.thread_tag: int(s.extent.value)}
@@ -353,31 +335,29 @@ class _Verifier:
         self.visited: dict[str, int] = {}
 
     def expr(self, e: Any) -> None:
-        from gradtune.symbolic.program import _children
-
-        t = type(e).__name__
-        if t in ("BufferLoad", "TensorLoad", "Cast") and _vector_bytes(e) > MAX_VECTOR_BYTES:
+        t = tir.node_type(e)
+        if t in (*tir.LOADS, "Cast") and _vector_bytes(e) > MAX_VECTOR_BYTES:
             self.errors.append(f"vector {t} of {_vector_bytes(e)} bytes")
-        if t in ("BufferLoad", "TensorLoad") and _vector_bytes(e):
+        if t in tir.LOADS and _vector_bytes(e):
             self.ramps(e.indices)
-        for c in _children(e):
+        for c in tir.children(e):
             self.expr(c)
 
     def ramps(self, indices: Any) -> None:
         for index in indices:
-            if type(index).__name__ == "Ramp" and not (
-                type(index.stride).__name__ == "IntImm" and int(index.stride.value) == 1
+            if tir.node_type(index) == "Ramp" and not (
+                tir.node_type(index.stride) == "IntImm" and int(index.stride.value) == 1
             ):
                 if _vector_bytes(index) > MAX_VECTOR_BYTES:
                     self.errors.append(f"strided ramp of {_vector_bytes(index)} bytes")
 
     def stmt(self, s: Any) -> None:
-        t = type(s).__name__
+        t = tir.node_type(s)
         if t == "AttrStmt" and s.attr_key in ("thread_extent", "virtual_thread"):
             self.attr(s)
         elif t == "AllocBuffer":
             buf = s.buffer
-            size = math.prod(int(d.value) if type(d).__name__ == "IntImm" else 0 for d in buf.shape)
+            size = math.prod(int(d.value) if tir.node_type(d) == "IntImm" else 0 for d in buf.shape)
             dt = tvm_dtype(buf)
             nbytes = size * ((dt.bits * dt.lanes + 7) // 8)
             if str(buf.scope()).split(".")[0] == "shared":
@@ -448,7 +428,7 @@ def tvm_gpu_errors(mod: Any, target: Any) -> list[str]:
     lim = gpu_limits(target)
     errors: list[str] = []
     for _, func in mod.functions.items():
-        if type(func).__name__ == "PrimFunc":
+        if tir.node_type(func) == "PrimFunc":
             errors += _thread_extent_errors(func.body, lim.thread_warp_size)
     if errors:
         return errors

@@ -23,6 +23,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from gradtune.symbolic import tir
 from gradtune.symbolic.regions import Derivation, Quotient, ceil_split, inputs, parse_region
 
 CACHE_LINE_BYTES = 64
@@ -63,7 +64,6 @@ _BINARY = {
     "GT": "cmp",
     "GE": "cmp",
 }
-_LOADS = ("BufferLoad", "TensorLoad")
 _THREAD_TAGS = (
     "blockIdx.x",
     "blockIdx.y",
@@ -215,7 +215,9 @@ def simplify_for_feature_extraction(mod: Any) -> Any:
             return var
 
         def on_select(select: Any) -> Any:
-            if any(_has_load(e) for e in (select.true_value, select.false_value, select.condition)):
+            if any(
+                tir.has_load(e) for e in (select.true_value, select.false_value, select.condition)
+            ):
                 return select
             return tirx.const(1, select.dtype)
 
@@ -255,46 +257,6 @@ def lower_for_features(mod: Any) -> Any:
     return passes(mod)
 
 
-def _type(node: Any) -> str:
-    return type(node).__name__
-
-
-def _children(expr: Any) -> list[Any]:
-    t = _type(expr)
-    if t in _BINARY or t in ("And", "Or"):
-        return [expr.a, expr.b]
-    if t == "Not":
-        return [expr.a]
-    if t == "Select":
-        return [expr.condition, expr.true_value, expr.false_value]
-    if t == "Call":
-        return list(expr.args)
-    if t in _LOADS:
-        return list(expr.indices)
-    if t == "Cast":
-        return [expr.value]
-    if t == "Ramp":
-        return [expr.base, expr.stride]
-    if t == "Broadcast":
-        return [expr.value]
-    if t == "Let":
-        return [expr.value, expr.body]
-    if t == "Shuffle":
-        return [*expr.vectors, *expr.indices]
-    return []
-
-
-def _load_buffer(load: Any) -> Any:
-    # TVM 0.27 prints and builds BufferLoad as TensorLoad whose ``source`` is the buffer.
-    return load.buffer if hasattr(load, "buffer") else load.source
-
-
-def _has_load(expr: Any) -> bool:
-    if _type(expr) in _LOADS:
-        return True
-    return any(_has_load(c) for c in _children(expr))
-
-
 def _is_float(dtype: Any) -> bool:
     return str(dtype).startswith("float")
 
@@ -315,10 +277,10 @@ def count_ops(expr: Any) -> list[int]:
     counts = dict.fromkeys(ARITH_NAMES, 0)
 
     def visit(e: Any) -> None:
-        t = _type(e)
-        if t == "Select" and not _has_load(e):
+        t = tir.node_type(e)
+        if t == "Select" and not tir.has_load(e):
             return  # SimplifyForFeatureExtraction turns it into the constant 1
-        for c in _children(e):
+        for c in tir.children(e):
             visit(c)
         if t in ("And", "Or", "Not"):
             counts["bool_op"] += 1
@@ -340,15 +302,15 @@ def _coefficient(expr: Any, var: Any) -> int:
     state = {"var": False, "add": False, "mul": False, "stride": 0}
 
     def visit(e: Any) -> None:
-        for c in _children(e):
+        for c in tir.children(e):
             visit(c)
-        t = _type(e)
+        t = tir.node_type(e)
         if t == "Var" and e.same_as(var):
             state["var"], state["stride"] = True, 2
         elif t == "Mul" and state["var"] and not state["add"]:
-            if _type(e.a) == "IntImm":
+            if tir.node_type(e.a) == "IntImm":
                 state["mul"], state["stride"] = True, int(e.a.value)
-            elif _type(e.b) == "IntImm":
+            elif tir.node_type(e.b) == "IntImm":
                 state["mul"], state["stride"] = True, int(e.b.value)
         elif t == "Add" and state["var"] and not state["mul"]:
             state["add"], state["stride"] = True, 1
@@ -359,15 +321,8 @@ def _coefficient(expr: Any, var: Any) -> int:
     return state["stride"] if state["var"] else 0
 
 
-def _vars_in(expr: Any, out: list[Any]) -> None:
-    if _type(expr) == "Var":
-        out.append(expr)
-    for c in _children(expr):
-        _vars_in(c, out)
-
-
 def _shape(buffer: Any) -> list[int]:
-    return [int(s.value) if _type(s) == "IntImm" else 1 for s in buffer.shape]
+    return [int(s.value) if tir.node_type(s) == "IntImm" else 1 for s in buffer.shape]
 
 
 def _scope(buffer: Any) -> str:
@@ -446,7 +401,7 @@ class _Collector:
 
     # -- walk ----------------------------------------------------------------------------
     def visit(self, stmt: Any) -> None:
-        t = _type(stmt)
+        t = tir.node_type(stmt)
         if t == "For":
             self.visit_for(stmt)
         elif t == "SeqStmt":
@@ -483,13 +438,13 @@ class _Collector:
     def visit_for(self, loop: Any) -> None:
 
         extent = loop.extent
-        if _type(extent) == "IntImm" and int(extent.value) == 0:
+        if tir.node_type(extent) == "IntImm" and int(extent.value) == 0:
             return
         kind = int(loop.kind)
         unit = (
-            _type(loop.min) == "IntImm"
+            tir.node_type(loop.min) == "IntImm"
             and int(loop.min.value) == 0
-            and _type(extent) == "IntImm"
+            and tir.node_type(extent) == "IntImm"
             and int(extent.value) == 1
             and kind == 0
             and len(loop.annotations) == 0
@@ -501,7 +456,7 @@ class _Collector:
             self.visit(loop.body)
             self.unit_vars.pop()
             return
-        if _type(extent) != "IntImm":
+        if tir.node_type(extent) != "IntImm":
             raise ValueError(f"loop {loop.loop_var.name} has a non-constant extent")
         key = self.leaf(self.loop_key(loop), int(extent.value))
         names = {0: "serial", 1: "parallel", 2: "vectorized", 3: "unrolled", 4: "thread"}
@@ -529,7 +484,7 @@ class _Collector:
         """(level, min) of a loop variable of the nest, (−1, min) of a removed unit loop's."""
         for level, (loop, _) in enumerate(self.nest):
             if loop.loop_var.same_as(var):
-                if _type(loop.min) != "IntImm":
+                if tir.node_type(loop.min) != "IntImm":
                     return None
                 return level, int(loop.min.value)
         for unit, low in self.unit_vars:
@@ -671,7 +626,7 @@ class _Collector:
         import tvm
 
         value = store.value
-        if _type(value) in ("IntImm", "FloatImm"):
+        if tir.node_type(value) in ("IntImm", "FloatImm"):
             return
         name = store.buffer.name
         k = self.store_counts.get(name, 0)
@@ -687,10 +642,10 @@ class _Collector:
         indices: dict[str, list[list[Any]]] = {name: [list(store.indices)]}
 
         def on_load(e: Any) -> None:
-            for c in _children(e):
+            for c in tir.children(e):
                 on_load(c)
-            if _type(e) in _LOADS:
-                buffer = _load_buffer(e)
+            if tir.node_type(e) in tir.LOADS:
+                buffer = tir.load_buffer(e)
                 b = buffer.name
                 if b not in access:
                     order.append(b)
@@ -799,7 +754,7 @@ class _Collector:
             region_vars: list[Any] = []
             for idx in indices[b]:
                 for e in idx:
-                    _vars_in(e, region_vars)
+                    region_vars += tir.vars_in(e)
             acc = Access(
                 buffer=b,
                 dtype_bytes=nbytes,
@@ -848,7 +803,7 @@ class _Collector:
 
 
 def _buffer_uses(stmt: Any, stores: set[str], loads: set[str]) -> None:
-    t = _type(stmt)
+    t = tir.node_type(stmt)
     if t == "BufferStore":
         stores.add(stmt.buffer.name)
         exprs = [*stmt.indices, stmt.value]
@@ -858,9 +813,9 @@ def _buffer_uses(stmt: Any, stores: set[str], loads: set[str]) -> None:
         exprs = []
 
     def on(e: Any) -> None:
-        if _type(e) in _LOADS:
-            loads.add(_load_buffer(e).name)
-        for c in _children(e):
+        if tir.node_type(e) in tir.LOADS:
+            loads.add(tir.load_buffer(e).name)
+        for c in tir.children(e):
             on(c)
 
     for e in exprs:
@@ -870,7 +825,7 @@ def _buffer_uses(stmt: Any, stores: set[str], loads: set[str]) -> None:
             _buffer_uses(c, stores, loads)
     for attr in ("body", "block", "then_case", "else_case"):
         child = getattr(stmt, attr, None)
-        if child is not None and _type(child) not in ("Var", "IntImm", "PrimFunc"):
+        if child is not None and tir.node_type(child) not in ("Var", "IntImm", "PrimFunc"):
             _buffer_uses(child, stores, loads)
 
 
@@ -880,14 +835,14 @@ def _pipeline_body(loop: Any) -> tuple[int, dict[str, int]]:
     children, a nested block with a SeqStmt body flattened into its children. A buffer written
     at stage w and read up to stage r is kept in r − w + 1 versions (multi-buffering)."""
     body, allocs = loop.body, []
-    if _type(body) == "SBlockRealize":
+    if tir.node_type(body) == "SBlockRealize":
         allocs = [b.name for b in body.block.alloc_buffers]
         body = body.block.body
-    if _type(body) != "SeqStmt":
+    if tir.node_type(body) != "SeqStmt":
         return 1, {}
     children = []
     for child in body.seq:
-        if _type(child) == "SBlockRealize" and _type(child.block.body) == "SeqStmt":
+        if tir.node_type(child) == "SBlockRealize" and tir.node_type(child.block.body) == "SeqStmt":
             allocs += [b.name for b in child.block.alloc_buffers]
             children += list(child.block.body.seq)
         else:
@@ -911,13 +866,13 @@ def _pipeline_body(loop: Any) -> tuple[int, dict[str, int]]:
 
 
 def _first_store(stmt: Any) -> str | None:
-    t = _type(stmt)
+    t = tir.node_type(stmt)
     if t == "BufferStore":
         return stmt.buffer.name
     for attr in ("body", "block", "then_case", "else_case", "init"):
         child = getattr(stmt, attr, None) if t != "Evaluate" else None
         if child is not None and not isinstance(child, (int, str)) and hasattr(child, "same_as"):
-            if _type(child) in ("Var", "IntImm"):
+            if tir.node_type(child) in ("Var", "IntImm"):
                 continue
             found = _first_store(child)
             if found:
@@ -936,7 +891,7 @@ def extract_program(mod: Any, is_gpu: bool = False, lowered: bool = False) -> Pr
         mod = lower_for_features(mod)
     collector = _Collector(is_gpu)
     for _, func in mod.functions.items():
-        if _type(func) != "PrimFunc":
+        if tir.node_type(func) != "PrimFunc":
             continue
         collector.visit(func.body)
         for param in func.params:

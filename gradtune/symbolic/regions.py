@@ -35,6 +35,8 @@ from typing import Any
 
 import torch
 
+from gradtune.symbolic import tir
+
 # A floor of a value the formulas computed as 255.99999999997 must be 256: nudge by less than
 # any real fraction (the numerator and divisor are integers, divisors below 10^5).
 FLOOR_EPS = 1e-6
@@ -130,14 +132,12 @@ def ceil_split(
     fused index Σ c·t whose coefficients are a mixed radix (the innermost 1, each next one the
     previous times its loop's extent) is a split of one fused loop; its outermost level maps to
     the levels inside it (the divisor's loops)."""
-    from gradtune.symbolic.program import _children
-
     found: dict[int, list[int]] = {}
 
     def visit(expr: Any) -> None:
-        term = _linear(expr, var_info) if type(expr).__name__ in ("Add", "Mul") else None
+        term = _linear(expr, var_info) if tir.node_type(expr) in ("Add", "Mul") else None
         if term is None:
-            for child in _children(expr):
+            for child in tir.children(expr):
                 visit(child)
             return
         levels = sorted(term.coefs, key=lambda lv: term.coefs[lv])
@@ -159,7 +159,7 @@ def ceil_split(
 def _linear(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -> Term | None:
     """``expr`` as O + Σ c·t (a Term with M = D = 1), or None if it is not that shape.
     ``var_info(var)``: (level, min) of a loop variable (level −1: a constant, its min)."""
-    t = type(expr).__name__
+    t = tir.node_type(expr)
     if t == "IntImm":
         return Term(1, int(expr.value), 1)
     if t == "Cast":
@@ -181,7 +181,7 @@ def _linear(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -> Ter
         return Term(1, a.offset + sign * b.offset, 1, {k: c for k, c in coefs.items() if c})
     if t == "Mul":
         for const, other in ((expr.a, expr.b), (expr.b, expr.a)):
-            if type(const).__name__ == "IntImm":
+            if tir.node_type(const) == "IntImm":
                 inner = _linear(other, var_info)
                 if inner is None:
                     return None
@@ -192,7 +192,7 @@ def _linear(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -> Ter
 
 
 def _summands(expr: Any, sign: int, out: list[tuple[int, Any]]) -> None:
-    t = type(expr).__name__
+    t = tir.node_type(expr)
     if t in ("Add", "Sub"):
         _summands(expr.a, sign, out)
         _summands(expr.b, sign if t == "Add" else -sign, out)
@@ -203,11 +203,7 @@ def _summands(expr: Any, sign: int, out: list[tuple[int, Any]]) -> None:
 
 
 def _known_vars(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -> bool:
-    from gradtune.symbolic.program import _vars_in
-
-    found: list[Any] = []
-    _vars_in(expr, found)
-    return all(var_info(v) is not None for v in found)
+    return all(var_info(v) is not None for v in tir.vars_in(expr))
 
 
 def parse_region(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -> RegionForm | None:
@@ -218,26 +214,26 @@ def parse_region(expr: Any, var_info: Callable[[Any], tuple[int, int] | None]) -
     divs: list[Term] = []
     for sign, part in summands:
         mult, core = sign, part
-        while type(core).__name__ == "Mul":
-            if type(core.b).__name__ == "IntImm":
+        while tir.node_type(core) == "Mul":
+            if tir.node_type(core.b) == "IntImm":
                 mult, core = mult * int(core.b.value), core.a
-            elif type(core.a).__name__ == "IntImm":
+            elif tir.node_type(core.a) == "IntImm":
                 mult, core = mult * int(core.a.value), core.b
             else:
                 break
-        kind = type(core).__name__
+        kind = tir.node_type(core)
         if kind == "FloorMod":
             # One value whatever the loops (the stale modular set, see the module docstring),
             # provided every variable in it was bound to a constant first.
-            if type(core.b).__name__ != "IntImm" or int(core.b.value) <= 0:
+            if tir.node_type(core.b) != "IntImm" or int(core.b.value) <= 0:
                 return None
             if not _known_vars(core.a, var_info):
                 return None
             continue
         if kind == "FloorDiv":
-            if type(core.b).__name__ != "IntImm" or int(core.b.value) <= 0:
+            if tir.node_type(core.b) != "IntImm" or int(core.b.value) <= 0:
                 return None
-            if type(core.a).__name__ == "FloorMod":
+            if tir.node_type(core.a) == "FloorMod":
                 # The quotient of one value is one value: a fused thread index's
                 # ``t % 256 // 16`` (a GPU cache copy or write-back).
                 if parse_region(core.a, var_info) is None:

@@ -27,6 +27,7 @@ import torch
 
 from gradtune.symbolic.compiled import compiled, evaluate_cases
 from gradtune.symbolic.formulas import LeafFormula, fit_leaves
+from gradtune.symbolic.gpu import gpu_penalties
 from gradtune.symbolic.program import Program, extract_program
 from gradtune.symbolic.regions import depths, derive
 from gradtune.symbolic.variables import SketchVariables, TileVar
@@ -65,6 +66,10 @@ class SymbolicSketch:
     unsupported: dict[str, str] = field(default_factory=dict)  # leaf key → why
     probes: int = 0
     local_fits: int = 0  # cases that needed leaves fitted on their own neighbours
+    # Decision keys (as applied) of every probe a formula was fitted on, sketch-wide or per
+    # case, and the keys no per-case fit may use (a verification's samples).
+    fitted_on: set[tuple] = field(default_factory=set)
+    held_out: frozenset[tuple] = frozenset()
     _cases: dict[tuple, Probe | None] = field(default_factory=dict)
     # Per case signature: leaf formulas fitted on same-case neighbours (piecewise leaves).
     _case_formulas: dict[str, dict[str, LeafFormula]] = field(default_factory=dict)
@@ -262,6 +267,7 @@ class SymbolicSketch:
         return sym
 
     def fit(self, probes: list[Probe]) -> None:
+        self.fitted_on.update(decision_key(probe.decisions) for probe in probes)
         columns = [self.columns(probe.decisions) for probe in probes]
         observed: dict[str, list[int]] = {}  # leaf → the probes (positions) it appears in
         for n, probe in enumerate(probes):
@@ -327,9 +333,9 @@ class SymbolicSketch:
 
     def fit_case(self, probe: Probe, rng: np.random.Generator | None = None) -> dict:
         """Leaf formulas for ``probe``'s case, from same-case neighbours only (never from the
-        point itself): a sketch-wide formula is kept where it reproduces every neighbour,
-        refitted on the neighbours where it does not (a piecewise leaf), and fitted there when
-        the sketch has none."""
+        point itself, nor from a ``held_out`` point): a sketch-wide formula is kept where it
+        reproduces every neighbour, refitted on the neighbours where it does not (a piecewise
+        leaf), and fitted there when the sketch has none."""
         program = probe.program
         signature = program.signature()
         if signature in self._case_formulas:
@@ -338,7 +344,9 @@ class SymbolicSketch:
         wanted = self.n_columns + 2
         same: list[Probe] = []  # whole-program case equal
         tried: list[Probe] = []  # every neighbour replayed
-        seen = {decision_key(probe.decisions)}
+        # Held-out points are skipped before they are replayed, and again when TVM applied a
+        # neighbour's decisions as a held-out point's.
+        seen = {decision_key(probe.decisions), *self.held_out}
         frontier, budget = [probe.decisions], 4 * wanted
         # Breadth-first over one-prime moves: a case that is narrow around the point (few
         # non-unit factors) is reached two moves away.
@@ -352,7 +360,7 @@ class SymbolicSketch:
                     seen.add(key)
                     budget -= 1
                     other = self.replay(decisions)
-                    if other is None:
+                    if other is None or decision_key(other.decisions) in self.held_out:
                         continue
                     tried.append(other)
                     if other.program.signature() == signature:
@@ -361,6 +369,7 @@ class SymbolicSketch:
             # A point alone in its case: walk on through the other cases, whose probes still
             # pin down the leaves fitted on every neighbour that has them (below).
             frontier = nxt or ([] if same else [o.decisions for o in tried[reached:]])
+        self.fitted_on.update(decision_key(o.decisions) for o in tried)
         pools = {}
         for key in program.values:
             if key in program.derived:
@@ -575,8 +584,6 @@ class SymbolicSketch:
         return total
 
     def _gpu_penalties(self, x: torch.Tensor) -> torch.Tensor:
-        from gradtune.symbolic.gpu import penalty
-
         log_f, cats = self.continuous_columns(x)
         out = torch.zeros(x.shape[0], dtype=x.dtype)
         for i in range(x.shape[0]):
@@ -587,6 +594,6 @@ class SymbolicSketch:
             out = (
                 out
                 + torch.nn.functional.one_hot(torch.tensor(i), x.shape[0]).to(x.dtype)
-                * (penalty(probe.program, leaves, self.target)[0])
+                * (gpu_penalties(probe.program, leaves, self.target)[0])
             )
         return out

@@ -16,6 +16,7 @@ from the applied schedule's trace instead of trusting its own.
 from __future__ import annotations
 
 import functools
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,24 @@ class TileVar:
                 inner[-1] //= self.primes[j]
         outer = self.extent // math.prod(inner)
         return [outer, *inner]
+
+    def tilings(self) -> list[list[int]]:
+        """Every tiling ``round`` can give: n factors (outer first) whose product is the
+        extent, the innermost within ``max_innermost``."""
+
+        def split(rest: int, k: int) -> list[list[int]]:
+            if k == 1:
+                return [[rest]]
+            divisors = [1]
+            for p, e in _prime_factors(rest).items():
+                divisors = [d * p**k for d in divisors for k in range(e + 1)]
+            return [[d, *tail] for d in divisors for tail in split(rest // d, k - 1)]
+
+        return [
+            t
+            for t in split(self.extent, self.n)
+            if self.max_innermost <= 0 or t[-1] <= self.max_innermost
+        ]
 
     def encode(self, factors: list[int]) -> np.ndarray:
         exps = [[_prime_factors(f).get(p, 0) for p in self.primes] for f in factors[1:]]
@@ -186,6 +205,25 @@ class SketchVariables:
             value = self.trace.decisions[insts[var.index]]
             out[var.index] = [int(v) for v in value] if isinstance(var, TileVar) else int(value)
         return out
+
+    def every_decision(self, limit: int) -> list[dict[int, Any]] | None:
+        """All the decisions of the sketch, in ``round``'s format, or None if there are more
+        than ``limit``."""
+        options: list[tuple[int, list[Any]]] = []
+        count = 1
+        for var in self.variables:
+            if isinstance(var, TileVar):
+                values: list[Any] = var.tilings()
+            else:
+                values = list(range(len(var.candidates)))
+            count *= len(values)
+            if count > limit:
+                return None
+            options.append((var.index, values))
+        return [
+            dict(zip([index for index, _ in options], combo, strict=True))
+            for combo in itertools.product(*(values for _, values in options))
+        ]
 
     def random_point(self, rng: np.random.Generator) -> np.ndarray:
         """A point inside the constraint region: a random valid decision, encoded, plus jitter."""

@@ -1,16 +1,21 @@
 """``gradtune symbolic verify``: the feature formulas of every sketch against TVM's own
 ``PerStoreFeature`` on random valid decisions the formulas were not fitted on.
 
-For each sketch: build its symbolic schedule (probes + leaf fits), draw N random valid
-decisions, apply them in TVM, extract TVM's features, and compare with the exact-mode formulas
-(leaves evaluated from the decisions; the case from the rounded point). A sketch is verified
-when ≥ 99% of its (store, feature, sample) values agree within 1e-4. The smooth mode is
-compared at the same points to state its tolerance per feature group.
+For each sketch: build its symbolic schedule (probes + sketch-wide leaf fits), draw N random
+valid decisions none of which is a probe, apply them in TVM, extract TVM's features, and
+compare with the exact-mode formulas (leaves evaluated from the decisions; the case from the
+rounded point). The per-case fits those comparisons trigger run on the samples' neighbours
+with every sample held out (``SymbolicSketch.held_out``), and the run checks afterwards that
+no fit saw a sample: a formula fitted on the point it is checked at would pass by
+construction. A sketch is verified when ≥ 99% of its (store, feature, sample) values agree
+within 1e-4. The smooth mode is compared at the same points to state its tolerance per
+feature group.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,10 +25,17 @@ import torch
 
 from gradtune.errors import GradtuneError
 from gradtune.symbolic.features import FEATURE_NAMES, FEATURES, GROUPS
+from gradtune.symbolic.gpu import gpu_verdict
+from gradtune.symbolic.sketch import SymbolicSketch, decision_key
 from gradtune.target import is_gpu as target_is_gpu
+from gradtune.target import make_target, parse_target
+from gradtune.tvm_compat import register_tensor_intrinsics
 
 TOLERANCE = 1e-4
 VERIFIED_FRACTION = 0.99
+# A sketch whose random draws keep landing on its probes is enumerated up to this many
+# decisions: its probes then cover most of its space, a few dozen points.
+ENUMERATED = 256
 
 
 @dataclass
@@ -40,6 +52,11 @@ class SketchReport:
     smooth_err: dict[str, float] = field(default_factory=dict)
     gpu_checks: int = 0  # GPU: points where our constraints' verdict was compared with TVM's
     gpu_agree: int = 0
+    fitted_draws: int = 0  # draws equal to a probe the formulas were fitted on (drawn again)
+    held_out: bool = False  # checked: no formula, sketch-wide or per case, saw a sample
+    # Every valid point of the sketch was a probe (a tiny design space): the samples are all of
+    # them, none held out.
+    exhaustive: bool = False
 
     @property
     def fraction(self) -> float:
@@ -53,7 +70,10 @@ class SketchReport:
         worst = sorted(self.mismatched_features.items(), key=lambda kv: -kv[1])[:4]
         names = ", ".join(f"{n} ({c})" for n, c in worst)
         if self.samples == 0:
-            return f"sketch {self.index}: no valid decision in {self.invalid_draws} draws"
+            return (
+                f"sketch {self.index}: no valid decision in {self.invalid_draws} draws "
+                f"(and {self.fitted_draws} that were fitting probes)"
+            )
         return f"sketch {self.index}: {self.fraction:.1%} exact; mismatched {names}"
 
 
@@ -101,8 +121,6 @@ def design_space(mod: Any, target: Any, seed: int = -1) -> tuple[Any, list[Any],
     """
     from tvm.s_tir import meta_schedule as ms
 
-    from gradtune.tvm_compat import register_tensor_intrinsics
-
     register_tensor_intrinsics(target.kind.name)
     ctx = ms.TuneContext(
         mod=mod,
@@ -117,56 +135,108 @@ def design_space(mod: Any, target: Any, seed: int = -1) -> tuple[Any, list[Any],
 def verify_module(
     mod: Any, target: Any, samples: int, seed: int = 0, progress: Any = None
 ) -> list[SketchReport]:
-    import time
-
-    from tvm.s_tir import meta_schedule as ms
-
-    from gradtune.symbolic.sketch import SymbolicSketch
-
+    """Every sketch of the task built and checked (``verify_sketch``), one rng for all."""
     ctx, sketches, postprocs = design_space(mod, target, seed)
     is_gpu = target_is_gpu(target)
-    extractor = ms.feature_extractor.PerStoreFeature()
-    args_info = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
     rng = np.random.default_rng(seed)
     reports = []
     for index, sketch in enumerate(sketches):
-        report = SketchReport(index)
         start = time.perf_counter()
         sym = SymbolicSketch.build(
             mod, sketch.trace, postprocs, is_gpu=is_gpu, rng=rng, target=target
         )
-        report.build_seconds = time.perf_counter() - start
-        draws = 0
-        while report.samples < samples and draws < 4 * samples:
-            draws += 1
-            decisions = sym.random_decisions(rng)
-            probe = sym.replay(decisions)
-            if is_gpu and probe is not None:
-                from gradtune.symbolic.gpu import verdict
-
-                ours = verdict(probe.program, target)[0]
-                report.gpu_checks += 1
-                report.gpu_agree += ours == probe.valid
-            if probe is None or not probe.valid:
-                report.invalid_draws += 1
-                continue
-            report.samples += 1
-            candidate = ms.MeasureCandidate(probe.schedule, args_info)
-            ref = extractor.extract_from(ctx, [candidate])[0].numpy()
-            got = sym.features_at(probe.decisions, "exact")
-            got = got.detach().numpy() if got is not None else np.full_like(ref, np.nan)
-            _compare(report, got, ref)
-            x = torch.as_tensor(sym.variables.encode(probe.decisions))[None]
-            smooth = sym.features(x, "smooth")[0]
-            if smooth is not None and smooth.shape == ref.shape:
-                diff = np.abs(smooth.detach().numpy() - ref)
-                for name, lo, hi in GROUPS:
-                    err = float(np.nanmax(diff[:, lo:hi])) if diff.size else 0.0
-                    report.smooth_err[name] = max(report.smooth_err.get(name, 0.0), err)
-            if progress is not None:
-                progress()
+        seconds = time.perf_counter() - start
+        report = verify_sketch(sym, ctx, samples, rng, index, progress)
+        report.build_seconds = seconds
         reports.append(report)
     return reports
+
+
+def verify_sketch(
+    sym: SymbolicSketch,
+    ctx: Any,
+    samples: int,
+    rng: np.random.Generator,
+    index: int = 0,
+    progress: Any = None,
+) -> SketchReport:
+    """One built sketch against TVM's extractor on ``samples`` random valid decisions held
+    out of every fit: none is a probe its sketch-wide formulas were fitted on (such a draw is
+    drawn again; a small design space is enumerated for the points its probes missed), and
+    all of them are ``held_out`` of the per-case fits, which run only after every sample is
+    drawn. Raises if a formula was fitted on a sample all the same. A sketch with no valid
+    point outside its probes is checked at all of them (``exhaustive``)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    report = SketchReport(index)
+    extractor = ms.feature_extractor.PerStoreFeature()
+    args_info = ms.arg_info.ArgInfo.from_prim_func(sym.mod["main"])
+    drawn: list[Any] = []
+    draws = 0
+    # Capped draws: a small design space may hold few valid points the probes missed.
+    while len(drawn) < samples and draws < 4 * samples and report.fitted_draws < 4 * samples:
+        probe = sym.replay(sym.random_decisions(rng))
+        if probe is not None and decision_key(probe.decisions) in sym.fitted_on:
+            report.fitted_draws += 1  # a point the formulas were fitted on tests nothing
+            continue
+        draws += 1
+        if sym.is_gpu and probe is not None:
+            ours = gpu_verdict(probe.program, sym.target)[0]
+            report.gpu_checks += 1
+            report.gpu_agree += ours == probe.valid
+        if probe is None or not probe.valid:
+            report.invalid_draws += 1
+            continue
+        drawn.append(probe)
+    if len(drawn) < samples and report.fitted_draws >= 4 * samples:
+        # The draws kept landing on probes: the design space is small, so look at all of it.
+        unprobed, probed = _whole_space(sym)
+        keys = {decision_key(probe.decisions) for probe in drawn}
+        fresh = [probe for probe in unprobed if decision_key(probe.decisions) not in keys]
+        drawn += fresh[: samples - len(drawn)]
+        if not drawn and probed:
+            drawn, report.exhaustive = probed, True
+    if not report.exhaustive:
+        sym.held_out = frozenset(decision_key(probe.decisions) for probe in drawn)
+    for probe in drawn:
+        report.samples += 1
+        candidate = ms.MeasureCandidate(probe.schedule, args_info)
+        ref = extractor.extract_from(ctx, [candidate])[0].numpy()
+        got = sym.features_at(probe.decisions, "exact")
+        got = got.detach().numpy() if got is not None else np.full_like(ref, np.nan)
+        _compare(report, got, ref)
+        x = torch.as_tensor(sym.variables.encode(probe.decisions))[None]
+        smooth = sym.features(x, "smooth")[0]
+        if smooth is not None and smooth.shape == ref.shape:
+            diff = np.abs(smooth.detach().numpy() - ref)
+            for name, lo, hi in GROUPS:
+                err = float(np.nanmax(diff[:, lo:hi])) if diff.size else 0.0
+                report.smooth_err[name] = max(report.smooth_err.get(name, 0.0), err)
+        if progress is not None:
+            progress()
+    if not report.exhaustive:
+        leaked = sym.fitted_on & sym.held_out
+        if leaked:
+            raise RuntimeError(f"sketch {index}: formulas were fitted on samples {sorted(leaked)}")
+        report.held_out = True
+    return report
+
+
+def _whole_space(sym: SymbolicSketch) -> tuple[list[Any], list[Any]]:
+    """The valid points of a sketch whose design space has at most ``ENUMERATED`` decisions,
+    as (those no formula was fitted on, those some was); ([], []) for a larger space. When
+    the first list is empty (a sketch whose only decision is an unroll step, say), no point
+    can be held out: the formulas were fitted on every one, and the sketch is checked at
+    every point instead."""
+    every = sym.variables.every_decision(ENUMERATED)
+    found: dict[tuple, Any] = {}
+    for decisions in every or []:
+        probe = sym.replay(decisions)
+        if probe is not None and probe.valid:
+            found.setdefault(decision_key(probe.decisions), probe)
+    unprobed = [p for key, p in found.items() if key not in sym.fitted_on]
+    probed = [p for key, p in found.items() if key in sym.fitted_on]
+    return unprobed, probed
 
 
 def _compare(report: SketchReport, got: np.ndarray, ref: np.ndarray) -> None:
@@ -203,6 +273,16 @@ def summary(reports: list[SketchReport], samples: int) -> dict[str, Any]:
         "max_abs_err": max((r.max_abs_err for r in reports), default=0.0),
         "unsupported": [r.why() for r in reports if not r.verified],
         **(
+            {"held_out": True}
+            if any(r.held_out for r in reports) and all(r.held_out or r.exhaustive for r in reports)
+            else {}
+        ),
+        **(
+            {"exhaustive": [r.index for r in reports if r.exhaustive]}
+            if any(r.exhaustive for r in reports)
+            else {}
+        ),
+        **(
             {"gpu_verdict_agreement": round(sum(r.gpu_agree for r in reports) / checks, 4)}
             if (checks := sum(r.gpu_checks for r in reports))
             else {}
@@ -216,6 +296,7 @@ def print_report(reports: list[SketchReport], console: Any) -> None:
     table = Table(title="feature formulas vs PerStoreFeature (exact mode)")
     for col in ("sketch", "samples", "values", "exact", "max |err|", "unresolved", "build s"):
         table.add_column(col, justify="right")
+    table.add_column("held out")
     table.add_column("verified")
     for r in reports:
         table.add_row(
@@ -226,6 +307,7 @@ def print_report(reports: list[SketchReport], console: Any) -> None:
             f"{r.max_abs_err:.2e}",
             str(r.unresolved),
             f"{r.build_seconds:.2f}",
+            "yes" if r.held_out else "whole space" if r.exhaustive else "NO",
             "yes" if r.verified else "NO",
         )
     console.print(table)
@@ -241,8 +323,6 @@ def print_report(reports: list[SketchReport], console: Any) -> None:
 def run(path: str, target_spec: str | None, samples: int, seed: int = 0) -> int:
     from rich.console import Console
     from rich.progress import Progress
-
-    from gradtune.target import make_target, parse_target
 
     if samples < 1:
         raise GradtuneError(f"--samples must be at least 1, got {samples}")

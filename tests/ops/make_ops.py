@@ -43,6 +43,17 @@ def ops() -> dict:
     out["layer_norm"] = [x, g, bt, topi.nn.layer_norm(x, g, bt, axis=[1])]
     x = te.placeholder((1, 32, 28, 28), name="X")
     out["max_pool2d"] = [x, topi.nn.pool2d(x, (3, 3), (2, 2), (1, 1), (1, 1, 1, 1), "max")]
+    # Shapes and operators the region derivations were not developed on: no transposed operand,
+    # odd sizes with stride 3 and dilation 2, a softmax over a broadcast sum (attention scores).
+    a = te.placeholder((12, 50, 64), name="A")
+    bb = te.placeholder((12, 64, 50), name="B")
+    out["batch_matmul_nn"] = [a, bb, topi.nn.batch_matmul(a, bb, transpose_b=False)]
+    x = te.placeholder((1, 12, 29, 31), name="X")
+    w = te.placeholder((20, 12, 3, 3), name="W")
+    out["conv2d_nchw_s3_d2"] = [x, w, topi.nn.conv2d_nchw(x, w, 3, 2, 2)]
+    s = te.placeholder((1, 3, 50, 50), name="S")
+    m = te.placeholder((1, 1, 50, 50), name="M")
+    out["softmax_broadcast"] = [s, m, topi.nn.softmax(topi.add(s, m), axis=-1)]
     return out
 
 

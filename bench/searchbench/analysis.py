@@ -1,0 +1,182 @@
+"""The benchmark's metrics, computed from saved run results only (``--render`` reruns this).
+
+Per model, over the runs that finished without error:
+
+- **time to 95%**: the best-known estimated latency is the best any run of the model reached
+  within the budget (estimate = Σ task weight × best kernel µs). A run's t95 is the first
+  wall-clock time its estimate was within 95% of it (≤ best / 0.95). A run that never got
+  there has only a bound, t95 > budget. Per searcher the median over repeats (a bound if the
+  median run is one), the ratio evolutionary / gradient, and the range of ratios the extreme
+  repeats give. A ratio with a bound on either side is marked (≥ or ≤) and left out of the
+  geometric mean, never averaged as if it were a measurement.
+- **end-to-end latency** of the model as tuned by ¼, ½ and all of the budget: the median over
+  repeats of the interleaved timing, and the ratio evolutionary / gradient.
+- **trials per minute** measured within the budget, and each run's wall time and overrun
+  (flagged above 5%).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any
+
+from searchbench.layout import FRACTIONS, SEARCHERS
+
+TARGET_SHARE = 0.95
+OVERRUN_LIMIT_PCT = 5.0
+
+
+def best_curve(result: dict[str, Any], budget: float) -> list[tuple[float, float]]:
+    """(wall s, best estimated µs so far) after every batch measured within the budget."""
+    out, best = [], math.inf
+    for r in result["rounds"]:
+        if r["wall_s"] > budget:
+            break
+        if math.isfinite(r["estimated_us"]):
+            best = min(best, r["estimated_us"])
+            out.append((r["wall_s"], best))
+    return out
+
+
+def time_to(curve: list[tuple[float, float]], level_us: float) -> float | None:
+    return next((t for t, us in curve if us <= level_us), None)
+
+
+def median_with_bound(values: list[float | None], budget: float) -> tuple[float | None, bool]:
+    """(median, is a lower bound): a missing value (never reached) counts as > budget."""
+    if not values:
+        return None, False
+    middle = statistics.median([math.inf if v is None else v for v in values])
+    return (budget, True) if math.isinf(middle) else (middle, False)
+
+
+def ratio_with_bound(
+    evo: tuple[float | None, bool], grad: tuple[float | None, bool]
+) -> tuple[float | None, str]:
+    """(evo / grad, "=" exact, "≥" lower bound, "≤" upper bound, "?" unknown)."""
+    (e, e_bound), (g, g_bound) = evo, grad
+    if e is None or g is None or (e_bound and g_bound) or g == 0:
+        return None, "?"
+    return e / g, "≥" if e_bound else "≤" if g_bound else "="
+
+
+def geomean(values: list[float]) -> float | None:
+    values = [v for v in values if v and v > 0]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def run_summary(
+    result: dict[str, Any], budget: float, level_us: float, timing: dict[str, float]
+) -> dict[str, Any]:
+    curve = best_curve(result, budget)
+    builds = result.get("builds", {})
+    return {
+        "run_id": result["run_id"],
+        "searcher": result["searcher"],
+        "repeat": result["repeat"],
+        "t95_s": time_to(curve, level_us),
+        "best_estimated_us": curve[-1][1] if curve else None,
+        "e2e_ms": {
+            label: timing.get(f"{result['run_id']}@{label}") for label in _fraction_labels()
+        },
+        "records_at": {label: builds.get(label, {}).get("records") for label in _fraction_labels()},
+        "build_errors": {k: b["error"] for k, b in builds.items() if "error" in b},
+        "trials_in_budget": result["trials_in_budget"],
+        "trials_per_min": round(result["trials_in_budget"] / (budget / 60), 1),
+        "wall_s": result["wall_s"],
+        "overrun_pct": result["overrun_pct"],
+        "over_budget": result["overrun_pct"] > OVERRUN_LIMIT_PCT,
+        "records_match_trials": result.get("records_match_trials"),
+        "per_round": result["per_round"],
+        "search_summary": result.get("search_summary", {}),
+    }
+
+
+def _fraction_labels() -> list[str]:
+    return [f"{round(f * 100)}" for f in FRACTIONS]
+
+
+def searcher_summary(runs: list[dict[str, Any]], budget: float) -> dict[str, Any]:
+    t95 = [r["t95_s"] for r in runs]
+    reached = [t for t in t95 if t is not None]
+    median, bound = median_with_bound(t95, budget)
+    e2e = {
+        label: _median([r["e2e_ms"][label] for r in runs if r["e2e_ms"][label] is not None])
+        for label in _fraction_labels()
+    }
+    return {
+        "runs": len(runs),
+        # Fractions of the budget by which no run had a record: those builds are untuned.
+        "untuned_at": [
+            k for k in _fraction_labels() if runs and not any(r["records_at"][k] for r in runs)
+        ],  # fmt: skip
+        "t95_median_s": median,
+        "t95_median_bound": bound,
+        "t95_min_s": min(reached) if reached else None,
+        # The slowest repeat: a bound when any repeat never got there.
+        "t95_max_s": budget if len(reached) < len(t95) else max(reached, default=None),
+        "t95_max_bound": len(reached) < len(t95),
+        "t95_reached": f"{len(reached)}/{len(t95)}",
+        "e2e_ms_median": e2e,
+        "trials_per_min_median": _median([r["trials_per_min"] for r in runs]),
+        "max_overrun_pct": max((r["overrun_pct"] for r in runs), default=None),
+        "over_budget_runs": [r["run_id"] for r in runs if r["over_budget"]],
+    }
+
+
+def ratio_range(evo: list[dict], grad: list[dict], budget: float) -> tuple[list[float], bool]:
+    """[fastest evo / slowest grad, slowest evo / fastest grad] over the repeats; the budget
+    stands in for a repeat that never got there (then the range is flagged as bounded)."""
+    e = [budget if r["t95_s"] is None else r["t95_s"] for r in evo]
+    g = [budget if r["t95_s"] is None else r["t95_s"] for r in grad]
+    bounded = any(r["t95_s"] is None for r in evo + grad)
+    if not e or not g or min(g) == 0 or all(r["t95_s"] is None for r in evo + grad):
+        return [], bounded
+    return [round(min(e) / max(g), 3), round(max(e) / min(g), 3)], bounded
+
+
+def analyse_model(
+    results: list[dict[str, Any]],
+    reference: list[dict[str, Any]],
+    timing: dict[str, float],
+    budget: float,
+) -> dict[str, Any]:
+    """Metrics of ``results`` (finished, error-free runs of one model and batch size); the
+    best-known latency is taken over ``reference`` (the runs it is compared against)."""
+    finals = [c[-1][1] for c in (best_curve(r, budget) for r in reference) if c]
+    # No run measured anything within the budget: every t95 is a bound, the rest still counts.
+    best = min(finals, default=None)
+    level = best / TARGET_SHARE if best is not None else 0.0
+    runs = [run_summary(r, budget, level, timing) for r in results]
+    by = {s: [r for r in runs if r["searcher"] == s] for s in SEARCHERS}
+    summary = {s: searcher_summary(by[s], budget) for s in SEARCHERS}
+    g, e = summary["gradient"], summary["evolutionary"]
+    ratio, kind = ratio_with_bound(
+        (e["t95_median_s"], e["t95_median_bound"]), (g["t95_median_s"], g["t95_median_bound"])
+    )
+    span, span_bounded = ratio_range(by["evolutionary"], by["gradient"], budget)
+    e2e_ratio = {}
+    for label in _fraction_labels():
+        ge, ee = g["e2e_ms_median"][label], e["e2e_ms_median"][label]
+        # Both untuned: the same program twice, the ratio would be timing noise.
+        both_untuned = label in g["untuned_at"] and label in e["untuned_at"]
+        e2e_ratio[label] = round(ee / ge, 3) if ge and ee and not both_untuned else None
+    return {
+        "best_estimated_us": round(best, 2) if best is not None else None,
+        "level_us": round(level, 2) if best is not None else None,
+        "searchers": summary,
+        "t95_ratio": round(ratio, 3) if ratio is not None else None,
+        "t95_ratio_kind": kind,
+        "t95_bound": kind != "=",
+        "t95_ratio_range": span,
+        "t95_ratio_range_bounded": span_bounded,
+        "e2e_ratio": e2e_ratio,
+        "e2e_ratio_at_budget": e2e_ratio["100"],
+        "repeats": min(g["runs"], e["runs"]),
+        "runs": runs,
+    }

@@ -1,0 +1,175 @@
+"""Every call the benchmark makes into gradtune, in one module.
+
+gradtune's modules are being reorganised; keeping the benchmark's entry points here means a
+rename touches one file. Each function does what the ``gradtune tune`` CLI does at that step,
+so the benchmark tunes exactly as a user would: the same importers, partition, builder, local
+RPC fleet, task scheduler and batch size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+# What ``gradtune tune --time-budget B --trials 5000`` passes: the budget ends the run, the
+# trial count only sizes the default batch (``default_trials_per_round``).
+CLI_TRIALS = 5000
+
+
+def host_target() -> tuple[dict[str, Any], Any]:
+    """(config, tvm Target) of ``--target llvm``: this CPU with its mcpu and core count."""
+    from gradtune.target import make_target, parse_target
+
+    config = parse_target("llvm")
+    return config, make_target(config)
+
+
+def import_model(path: Path) -> Any:
+    """``gradtune.frontend.ImportedModel`` of a .py (``get_model``) or .onnx file."""
+    from gradtune.frontend import load_model
+
+    return load_model(path)
+
+
+def partition_model(model: Any, target: Any) -> tuple[Any, list[Any]]:
+    """(fused module, tuning tasks with their untuned latencies measured)."""
+    from gradtune.partition import partition
+
+    return partition(model.mod, model.params, target)
+
+
+def workload_key(task: Any) -> str:
+    """A task's structural hash as the dataset and the JSONDatabase key workloads."""
+    import tvm_ffi
+
+    return str(tvm_ffi.structural_hash(task.mod))
+
+
+def default_trials_per_round(num_tasks: int) -> int:
+    from gradtune.tune import default_trials_per_round as cli_default
+
+    return cli_default(CLI_TRIALS, num_tasks)
+
+
+def manifest_workloads(data_dir: Path) -> dict[str, Any]:
+    """The dataset manifest's ``workloads``: key → {"models": [...], ...}."""
+    from gradtune.dataset import load_manifest
+
+    return load_manifest(data_dir)["workloads"]
+
+
+def training_groups(features: Path) -> list[Any]:
+    """The ``pretrain`` stage's training groups (``Group.name`` is the workload key)."""
+    from costmodel_training.pretrain import load_groups
+
+    groups, _meta = load_groups(features)
+    return groups
+
+
+def pretrain_leaving_out(
+    groups: list[Any], excluded: set[str], params: dict[str, Any], weights: Path
+) -> dict[str, Any]:
+    """Pretrain with ``params`` (params.yaml's ``pretrain``) minus ``excluded``; save weights."""
+    from gradtune.costmodel import leave_out
+    from gradtune.costmodel.model import save
+
+    model, info = leave_out.pretrain_leaving_out(
+        groups, excluded, params["loss"], int(params["epochs"]), float(params["lr"]),
+        int(params["seed"]),
+    )  # fmt: skip
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    partial = weights.with_suffix(".partial")
+    save(model, partial)
+    partial.replace(weights)
+    return info
+
+
+def make_searcher(name: str, target_kind: str, weights: Path | None) -> Any:
+    """The strategy ``--search NAME`` gives, the gradient search's cost model loaded from
+    ``weights`` (the leave-this-model-out copy)."""
+    from gradtune.search import make_strategy
+
+    if name == "gradient":
+        from gradtune.costmodel.online import OnlineCostModel
+
+        cost_model = OnlineCostModel.default(target_kind, path=weights)
+        return make_strategy("gradient", target_kind, cost_model=cost_model)
+    return make_strategy(name, target_kind)
+
+
+@contextmanager
+def local_fleet() -> Iterator[Any]:
+    """The CLI's default device: a local RPC tracker with one server, stopped on exit."""
+    from gradtune.measure.rpc_fleet import LocalFleet
+
+    with LocalFleet() as tracker:
+        yield tracker
+
+
+def tune(
+    tasks: list[Any],
+    target: Any,
+    work_dir: Path,
+    tracker: Any,
+    budget: float,
+    strategy: Any,
+    seed: int,
+    trials_per_round: int | None,
+    on_round: Callable[[Any], None],
+) -> Any:
+    """``gradtune tune --time-budget BUDGET --trials 5000 --seed SEED`` on ``tasks``."""
+    from gradtune.tune import tune as gradtune_tune
+
+    return gradtune_tune(
+        tasks, target, work_dir, tracker, max_trials=CLI_TRIALS, time_budget=budget,
+        search=strategy, trials_per_round=trials_per_round, seed=seed, on_round=on_round,
+    )  # fmt: skip
+
+
+def search_summary(result: Any) -> dict[str, Any]:
+    """The gradient search's totals (fallback tasks, NaN seeds, cost model) from a result."""
+    from dataclasses import asdict
+
+    return asdict(result.search_summary) if result.search_summary is not None else {}
+
+
+def open_database(path: Path) -> Any:
+    from gradtune.tune import run_database
+
+    return run_database(path)
+
+
+def build_verify_export(
+    model: Any, fused: Any, target: Any, database_dir: Path, out: Path
+) -> float:
+    """Compile with the schedules in ``database_dir``, check the outputs against the source
+    framework's, write the shared library; returns the max abs error."""
+    from gradtune import compilation
+
+    executable = compilation.build(fused, target, open_database(database_dir))
+    runner = compilation.Runner(executable, target, model.inputs)
+    error = compilation.verify(runner.outputs(), model.reference_outputs, str(out.name))
+    compilation.export(executable, out)
+    return error
+
+
+def time_libraries(libraries: dict[str, Path], inputs: list[Any], target: Any) -> dict[str, float]:
+    """Median ms per inference of each exported library, timed interleaved in this process."""
+    import tvm
+
+    from gradtune import compilation
+
+    calls = {}
+    for label, path in libraries.items():
+        vm, dev = compilation.load_exported(path, target)
+        args = [tvm.runtime.tensor(x, dev) for x in inputs]
+
+        def run(vm: Any = vm, dev: Any = dev, args: list[Any] = args) -> None:
+            vm["main"](*args)
+            dev.sync()
+
+        calls[label] = run
+    # More and longer repeats than the CLI's timing: up to 18 libraries share a shared machine.
+    return compilation.time_interleaved(calls, repeats=15, min_seconds=0.1)

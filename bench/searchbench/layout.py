@@ -1,0 +1,120 @@
+"""Where the benchmark keeps its state, and the order of its runs.
+
+Everything lives under one work dir (default ``bench/work/``, git-ignored), runs under the
+budget they were tuned with so that different budgets never mix::
+
+    work/costmodels/<hash>.pt              leave-out pretrained weights, per excluded set
+    work/models/<name>.onnx                ONNX exports of the ONNX benchmark models
+    work/<budget>s/prepared/<model>.json   tasks, task hashes, leakage counts, weights path
+    work/<budget>s/runs/<model>/<run id>/  one run: db/ (JSONDatabase), result.json, .so files
+    work/<budget>s/timing/<model>.json     the interleaved end-to-end timing of those .so files
+    work/<budget>s/logs/<model>-<run id>.log
+
+A run directory with ``result.json`` is finished (successfully or with an ``error``); one
+without is half-finished and is deleted and rerun on resume.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SEARCHERS = ("gradient", "evolutionary")
+FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where end-to-end latency is measured
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One tuning run.
+
+    Parameters
+    ----------
+    model : str
+        Benchmark model name.
+    searcher : str
+        ``gradient`` or ``evolutionary``.
+    repeat : int
+        Repeat index, also the tuning seed.
+    per_round : int or None, default None
+        Trials per round; None is the CLI's default for the model (the main benchmark).
+    """
+
+    model: str
+    searcher: str
+    repeat: int
+    per_round: int | None = None
+
+    @property
+    def run_id(self) -> str:
+        batch = "" if self.per_round is None else f"-b{self.per_round}"
+        return f"{self.searcher}{batch}-r{self.repeat}"
+
+    def args(self) -> list[str]:
+        """Command-line arguments of ``--one`` that name this run."""
+        extra = [] if self.per_round is None else ["--per-round", str(self.per_round)]
+        return ["--one", self.model, self.searcher, str(self.repeat), *extra]
+
+
+@dataclass(frozen=True)
+class Layout:
+    work: Path
+    budget: float
+
+    @property
+    def root(self) -> Path:
+        return self.work / f"{self.budget:g}s"
+
+    @property
+    def costmodels(self) -> Path:
+        return self.work / "costmodels"
+
+    def prepared(self, model: str) -> Path:
+        return self.root / "prepared" / f"{model}.json"
+
+    def run_dir(self, spec: RunSpec) -> Path:
+        return self.root / "runs" / spec.model / spec.run_id
+
+    def result(self, spec: RunSpec) -> Path:
+        return self.run_dir(spec) / "result.json"
+
+    def timing(self, model: str) -> Path:
+        return self.root / "timing" / f"{model}.json"
+
+    def log(self, spec: RunSpec) -> Path:
+        return self.root / "logs" / f"{spec.model}-{spec.run_id}.log"
+
+    def finished(self, spec: RunSpec) -> bool:
+        return self.result(spec).is_file()
+
+    def results(self, model: str) -> list[dict[str, Any]]:
+        """Every finished run of ``model`` (failed ones included, with their ``error``)."""
+        folder = self.root / "runs" / model
+        found = sorted(folder.glob("*/result.json")) if folder.is_dir() else []
+        return [json.loads(p.read_text()) for p in found]
+
+
+def plan(models: list[str], repeats: int, per_rounds: tuple[int | None, ...] = (None,)):
+    """The runs in execution order: repeat-major, models round-robin, searchers alternating.
+
+    All models' repeat 0 comes first so that partial results cover every model early. For
+    a model the searcher that goes first alternates between repeats (g e, e g, g e, ...) and
+    between neighbouring models, so slow drift of the shared machine hits both searchers.
+    """
+    runs = []
+    for repeat in range(repeats):
+        for i, model in enumerate(models):
+            for per_round in per_rounds:
+                order = SEARCHERS if (i + repeat) % 2 == 0 else SEARCHERS[::-1]
+                runs += [RunSpec(model, s, repeat, per_round) for s in order]
+    return runs
+
+
+def write_json(path: Path, data: Any) -> None:
+    """Write whole or not at all: a reader (or a resume) never sees half a file."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+    partial.write_text(json.dumps(data, indent=1) + "\n")
+    partial.replace(path)

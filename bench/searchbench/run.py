@@ -1,0 +1,178 @@
+"""One tuning run (model, searcher, repeat) with a real deadline, then its truncated builds.
+
+The clock starts just before ``tune`` is called. A timer sets the run's stop signal at the
+budget: the strategy then hands out no more candidates. Work already under way still ends
+(a generation in progress, a batch being built and measured), so the run overruns a little;
+its wall time and overrun are recorded, and the evaluation counts only what was measured by
+the budget. Every measured batch is logged with its wall-clock time and the cumulative trial
+count; the JSONDatabase appends one record per measured candidate in measurement order, so
+its first N records are exactly the database as it stood at that time. (A batch is logged
+when MetaSchedule joins it, which is also when its records are committed; in the warm-up
+round, every task's first batch is joined only after all of them were generated.)
+
+At ¼, ½ and the whole budget the model is compiled with the database cut to the records
+measured by then, its outputs checked against the source framework, and the library exported
+for the interleaved end-to-end timing.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+from searchbench import api
+from searchbench.layout import FRACTIONS, Layout, RunSpec
+from searchbench.models import MODELS
+
+DB = "db"  # the run's tune() work dir (JSONDatabase + MetaSchedule logs)
+WORKLOAD_FILE = "database_workload.json"
+RECORD_FILE = "database_tuning_record.json"
+
+
+def tune_until_deadline(
+    spec: RunSpec, tasks: list[Any], target: Any, tracker: Any, budget: float, run_dir: Path,
+    weights: Path | None,
+) -> dict[str, Any]:  # fmt: skip
+    """Tune; returns the rounds (wall-clock stamped), wall time and the searcher's summary."""
+    strategy = api.make_searcher(spec.searcher, target.kind.name, weights)
+    rounds: list[dict[str, Any]] = []
+    start = time.perf_counter()
+
+    def on_round(record: Any) -> None:
+        rounds.append({
+            "wall_s": round(time.perf_counter() - start, 3),
+            "tune_s": round(record.seconds, 3),  # tune()'s own clock, started a little later
+            "trials": record.trials,
+            "task": record.task,
+            "estimated_us": record.estimated_model_us,
+        })  # fmt: skip
+
+    # On Ctrl-C / SIGTERM, tune() sets its stop signal and then calls the handler it found;
+    # Python's default one raises KeyboardInterrupt right there, inside a TVM callback, which
+    # crashed the process (TVM's FFI segfaulted) and orphaned the RPC fleet. A no-op instead:
+    # tune() raises KeyboardInterrupt itself once TVM has returned, the fleet then stops.
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
+    try:
+        result = api.tune(
+            tasks, target, run_dir / DB, tracker, budget, strategy, seed=spec.repeat,
+            trials_per_round=spec.per_round, on_round=on_round,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    wall = time.perf_counter() - start
+    return {
+        "rounds": rounds,
+        "wall_s": round(wall, 2),
+        "overrun_pct": round(100 * (wall - budget) / budget, 2),
+        "trials_total": result.trials,
+        "search_summary": api.search_summary(result),
+    }
+
+
+def records_by(rounds: list[dict[str, Any]], seconds: float) -> int:
+    """Trials (= database records) measured by ``seconds`` of wall-clock time."""
+    return max((r["trials"] for r in rounds if r["wall_s"] <= seconds), default=0)
+
+
+def estimate_by(rounds: list[dict[str, Any]], seconds: float) -> float | None:
+    """Best estimated model latency (µs) reached by ``seconds``; None before the first batch."""
+    values = [r["estimated_us"] for r in rounds if r["wall_s"] <= seconds]
+    finite = [v for v in values if math.isfinite(v)]
+    return min(finite) if finite else None
+
+
+def truncated_database(run_dir: Path, records: int, name: str) -> Path:
+    """A copy of the run's database holding only its first ``records`` tuning records."""
+    out = run_dir / name
+    out.mkdir(exist_ok=True)
+    shutil.copyfile(run_dir / DB / WORKLOAD_FILE, out / WORKLOAD_FILE)
+    with (run_dir / DB / RECORD_FILE).open() as src, (out / RECORD_FILE).open("w") as dst:
+        for i, line in enumerate(src):
+            if i >= records:
+                break
+            dst.write(line)
+    return out
+
+
+def record_count(run_dir: Path) -> int:
+    path = run_dir / DB / RECORD_FILE
+    if not path.is_file():
+        return 0
+    with path.open() as f:
+        return sum(1 for _ in f)
+
+
+def builds_at_fractions(
+    imported: Any, fused: Any, target: Any, run_dir: Path, rounds: list, budget: float
+) -> dict[str, Any]:
+    """Compile, verify and export the model as tuned by ¼, ½ and all of the budget."""
+    out = {}
+    for fraction in FRACTIONS:
+        label = f"{round(fraction * 100)}"
+        records = records_by(rounds, fraction * budget)
+        entry: dict[str, Any] = {
+            "fraction": fraction,
+            "records": records,
+            "estimated_us": estimate_by(rounds, fraction * budget),
+        }
+        start = time.perf_counter()
+        try:
+            database = truncated_database(run_dir, records, f"db_at_{label}")
+            library = run_dir / f"model_at_{label}.so"
+            entry["max_abs_err"] = api.build_verify_export(
+                imported, fused, target, database, library
+            )
+            entry["library"] = library.name
+        except Exception as err:  # a wrong schedule or a failed build: recorded, not fatal
+            entry["error"] = f"{type(err).__name__}: {err}"[:2000]
+        entry["compile_s"] = round(time.perf_counter() - start, 1)
+        out[label] = entry
+    return out
+
+
+def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
+    """Everything of one run; returns the result that becomes ``result.json``."""
+    prepared = json.loads(layout.prepared(spec.model).read_text())
+    config, target = api.host_target()
+    run_dir = layout.run_dir(spec)
+    started = time.time()
+    load_before = os.getloadavg()
+    imported = api.import_model(MODELS[spec.model].tuning_file(layout.work))
+    fused, tasks = api.partition_model(imported, target)
+    per_round = spec.per_round or api.default_trials_per_round(len(tasks))
+    weights = Path(prepared["weights"]) if spec.searcher == "gradient" else None
+    with api.local_fleet() as tracker:
+        tuned = tune_until_deadline(spec, tasks, target, tracker, layout.budget, run_dir, weights)
+    load_after = os.getloadavg()
+    records = record_count(run_dir)
+    return {
+        "model": spec.model,
+        "searcher": spec.searcher,
+        "repeat": spec.repeat,
+        "seed": spec.repeat,
+        "run_id": spec.run_id,
+        "per_round": per_round,
+        "per_round_is_default": spec.per_round is None,
+        "budget_s": layout.budget,
+        "tasks": len(tasks),
+        "target": config,
+        "cost_model": str(weights) if weights else "xgb (MetaSchedule default, from nothing)",
+        **tuned,
+        "records_in_db": records,
+        # Every measured candidate, failed or not, is one record: the truncation relies on it.
+        "records_match_trials": records == tuned["trials_total"],
+        "trials_in_budget": records_by(tuned["rounds"], layout.budget),
+        "builds": builds_at_fractions(
+            imported, fused, target, run_dir, tuned["rounds"], layout.budget
+        ),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in load_after],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "seconds_total": round(time.time() - started, 1),
+    }

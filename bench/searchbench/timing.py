@@ -1,0 +1,57 @@
+"""End-to-end latency of every library a model's runs exported, timed in one process.
+
+All of a model's libraries (both searchers, every repeat, ¼ / ½ / all of the budget) are
+loaded together and timed interleaved (``time_interleaved``: alternating calls, median of the
+repeats), so the shared machine's drift hits every contender alike. The result is saved with
+the set of libraries it covers; it is redone only when that set changes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from searchbench import api
+from searchbench.layout import Layout, write_json
+from searchbench.models import MODELS
+
+
+def libraries(layout: Layout, model: str) -> dict[str, Path]:
+    """``<run id>@<percent>`` → exported library, for every finished run of ``model``."""
+    found = {}
+    for result in layout.results(model):
+        run_dir = layout.root / "runs" / model / result["run_id"]
+        for label, build in result.get("builds", {}).items():
+            if "library" in build:
+                found[f"{result['run_id']}@{label}"] = run_dir / build["library"]
+    return dict(sorted(found.items()))
+
+
+def up_to_date(layout: Layout, model: str) -> bool:
+    path = layout.timing(model)
+    if not path.is_file():
+        return not libraries(layout, model)
+    return sorted(json.loads(path.read_text())["ms"]) == sorted(libraries(layout, model))
+
+
+def time_model(layout: Layout, model: str) -> dict[str, Any]:
+    found = libraries(layout, model)
+    _config, target = api.host_target()
+    imported = api.import_model(MODELS[model].tuning_file(layout.work))
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    ms = api.time_libraries(found, imported.inputs, target)
+    record = {
+        "model": model,
+        "ms": {label: round(v, 5) for label, v in ms.items()},
+        "seconds": round(time.perf_counter() - start, 1),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    write_json(layout.timing(model), record)
+    print(f"{model}: timed {len(found)} libraries interleaved in {record['seconds']} s", flush=True)
+    return record

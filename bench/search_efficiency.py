@@ -63,6 +63,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=None, choices=sorted(MODELS))
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--gradient-config", default="", metavar="FIELD=VALUE,...",
+        help="an ablation: the gradient search with these GradientConfig fields (its runs and "
+        "results files are kept apart from the default configuration's)",
+    )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render", action="store_true", help="only re-analyse saved results")
     mode.add_argument(
@@ -127,7 +132,7 @@ def prepare_child(args: argparse.Namespace, layout: Layout) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    layout = Layout(args.work.resolve(), args.budget)
+    layout = Layout(args.work.resolve(), args.budget, args.gradient_config)
     # A child asked to stop by SIGTERM stops as on Ctrl-C: between batches, fleet shut down.
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     if args.one:
@@ -140,6 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         time_model(layout, args.time)
         return 0
     specs, stem = specs_of(args)
+    if args.gradient_config:
+        stem += "_" + args.gradient_config.replace("=", "").replace(",", "_")
     if not args.render:
         completed = driver.run_all(layout, specs, lambda: render(layout, specs, args.out, stem))
     rendered = render(layout, specs, args.out, stem)

@@ -86,16 +86,21 @@ def pretrain_leaving_out(
     return info
 
 
-def make_searcher(name: str, target_kind: str, weights: Path | None) -> Any:
+def make_searcher(
+    name: str, target_kind: str, weights: Path | None, gradient: dict[str, Any] | None = None
+) -> Any:
     """The strategy ``--search NAME`` gives, the gradient search's cost model loaded from
-    ``weights`` (the leave-this-model-out copy)."""
+    ``weights`` (the leave-this-model-out copy) and its ``GradientConfig`` from ``gradient``
+    (an ablation; None for the defaults)."""
     from gradtune.search import make_strategy
 
     if name == "gradient":
         from gradtune.costmodel.online import OnlineCostModel
+        from gradtune.search.gradient_search import GradientConfig
 
         cost_model = OnlineCostModel.default(target_kind, path=weights)
-        return make_strategy("gradient", target_kind, cost_model=cost_model)
+        config = GradientConfig(**(gradient or {}))
+        return make_strategy("gradient", target_kind, cost_model=cost_model, config=config)
     return make_strategy(name, target_kind)
 
 

@@ -132,7 +132,8 @@ def clean_half_finished(layout: Layout, spec: RunSpec) -> None:
 
 
 def common_args(layout: Layout) -> list[str]:
-    return ["--budget", f"{layout.budget:g}", "--work", str(layout.work)]
+    config = ["--gradient-config", layout.gradient_config] if layout.gradient_config else []
+    return ["--budget", f"{layout.budget:g}", "--work", str(layout.work), *config]
 
 
 def ensure_features(children: Children, layout: Layout) -> None:

@@ -60,12 +60,35 @@ class RunSpec:
 
 @dataclass(frozen=True)
 class Layout:
+    """Paths of one benchmark configuration.
+
+    Parameters
+    ----------
+    work : Path
+        The work dir.
+    budget : float
+        Seconds per run.
+    gradient_config : str, default ""
+        An ablation of the gradient search (``GradientConfig`` fields, ``elite=0.5,steps=32``);
+        its runs live apart from the default configuration's (``<budget>s-<config>``).
+    """
+
     work: Path
     budget: float
+    gradient_config: str = ""
 
     @property
     def root(self) -> Path:
-        return self.work / f"{self.budget:g}s"
+        suffix = f"-{self.gradient_config}" if self.gradient_config else ""
+        return self.work / f"{self.budget:g}s{suffix}"
+
+    def gradient_kwargs(self) -> dict[str, Any]:
+        """``GradientConfig`` keyword arguments of ``gradient_config`` (values as Python
+        literals: ``0.5``, ``32``, ``True``)."""
+        import ast
+
+        pairs = [item.split("=", 1) for item in self.gradient_config.split(",") if item]
+        return {key.strip(): ast.literal_eval(value.strip()) for key, value in pairs}
 
     @property
     def costmodels(self) -> Path:

@@ -37,10 +37,10 @@ RECORD_FILE = "database_tuning_record.json"
 
 def tune_until_deadline(
     spec: RunSpec, tasks: list[Any], target: Any, tracker: Any, budget: float, run_dir: Path,
-    weights: Path | None,
+    weights: Path | None, gradient: dict[str, Any] | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Tune; returns the rounds (wall-clock stamped), wall time and the searcher's summary."""
-    strategy = api.make_searcher(spec.searcher, target.kind.name, weights)
+    strategy = api.make_searcher(spec.searcher, target.kind.name, weights, gradient)
     rounds: list[dict[str, Any]] = []
     start = time.perf_counter()
 
@@ -148,7 +148,10 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
     per_round = spec.per_round or api.default_trials_per_round(len(tasks))
     weights = Path(prepared["weights"]) if spec.searcher == "gradient" else None
     with api.local_fleet() as tracker:
-        tuned = tune_until_deadline(spec, tasks, target, tracker, layout.budget, run_dir, weights)
+        tuned = tune_until_deadline(
+            spec, tasks, target, tracker, layout.budget, run_dir, weights,
+            layout.gradient_kwargs() if spec.searcher == "gradient" else None,
+        )  # fmt: skip
     load_after = os.getloadavg()
     records = record_count(run_dir)
     return {
@@ -163,6 +166,7 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
         "tasks": len(tasks),
         "target": config,
         "cost_model": str(weights) if weights else "xgb (MetaSchedule default, from nothing)",
+        "gradient_config": layout.gradient_config if spec.searcher == "gradient" else "",
         **tuned,
         "records_in_db": records,
         # Every measured candidate, failed or not, is one record: the truncation relies on it.

@@ -62,7 +62,7 @@ def manifest_workloads(data_dir: Path) -> dict[str, Any]:
 
 def training_groups(features: Path) -> list[Any]:
     """The ``pretrain`` stage's training groups (``Group.name`` is the workload key)."""
-    from costmodel_training.pretrain import load_groups
+    from gradtune.costmodel.pretrain import load_groups
 
     groups, _meta = load_groups(features)
     return groups

@@ -139,3 +139,7 @@ def test_measured_programs_are_told_apart_by_sketch_and_the_fastest_seed_the_des
     encoded = search.sketches[0].variables.encode(elites[0][0])
     assert seeds.shape[0] == 3 and np.abs(seeds[0] - encoded).max() <= 0.3
     assert search._search(4), "a round with elite seeds still yields candidates"
+    # warmup: a task's first batch is smaller than the scheduler's, the next ones are not.
+    search.config = search.config._replace(warmup=2)
+    assert len(search.generate_measure_candidates()) == 2
+    assert len(search.generate_measure_candidates()) == 4

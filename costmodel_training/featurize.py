@@ -30,18 +30,19 @@ def featurize(data_dir: Path, target_config: dict[str, Any] | None = None) -> di
     """Groups of one dataset: ``{"target", "workloads": [...], "records", "skipped", ...}``."""
     from rich.progress import Progress
 
-    from gradtune import dataset
-    from gradtune.costmodel.featurize import Skipped, from_records
+    from gradtune.costmodel.featurize import from_records
+    from gradtune.dataset.card import load_manifest
+    from gradtune.dataset.store import Skipped, open_dataset
     from gradtune.target import make_target
 
     if not Path(data_dir).is_dir():
         raise GradtuneError(f"dataset directory not found: {data_dir}")
-    manifest = dataset.load_manifest(data_dir)
+    manifest = load_manifest(data_dir)
     target_config = target_config or manifest.get("target")
     if not target_config:
         raise GradtuneError(f"{data_dir}: no manifest.json naming the dataset's target")
-    load_skipped = dataset.Skipped()
-    database = dataset.open_database(data_dir, target=target_config, skipped=load_skipped)
+    load_skipped = Skipped()
+    database = open_dataset(data_dir, target=target_config, skipped=load_skipped)
     records = list(database.get_all_tuning_records())
     target = make_target(target_config)
     entries = manifest.get("workloads", {})

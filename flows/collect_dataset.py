@@ -1,4 +1,14 @@
-"""Flow: measure the model zoo into a TenSet-style dataset (``gradtune dataset collect``)."""
+"""Flow: measure the model zoo into a TenSet-style dataset (``gradtune dataset collect``).
+
+SIGINT or SIGTERM during the collection stops it cleanly: the batch being measured finishes
+and is stored, the RPC fleet is stopped, and the flow returns with ``"stopped": True`` (the
+CLI then exits 130; a rerun resumes). The ``StopSignal`` is made and wired to the signals
+inside the collect task's own call (``collect_until_signalled``), not passed in: a flow
+parameter is sent to the Prefect API as JSON (a flag object has no meaning there), and
+Prefect's flow engine installs its own SIGTERM handler for the run, so only a handler
+installed inside the task's call (tasks run in the flow's main thread) is the one a signal
+reaches. The previous handlers are restored when the collection ends.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +16,9 @@ from typing import Any
 
 from prefect import flow
 
-from gradtune.dataset import CollectSettings
-from tasks.dataset import collect_records, summarize, write_card
+from gradtune.dataset.collect import CollectSettings
+from gradtune.measure.rpc_fleet import Tracker
+from tasks.dataset import collect_records, dataset_summary, write_card
 
 
 @flow(name="collect-dataset", log_prints=False)
@@ -15,22 +26,21 @@ def collect_dataset(
     out: str,
     zoo: str,
     target: dict[str, Any],
-    settings: dict[str, Any],
+    settings: CollectSettings,
     max_workloads: int | None = None,
     time_budget: float | None = None,
-    tracker: dict[str, Any] | None = None,
+    tracker: Tracker | None = None,
 ) -> dict[str, Any]:
-    """zoo → deduplicated workloads → sampled, built, RPC-measured records → manifest + card."""
-    from gradtune.measure.rpc_fleet import Tracker
-
-    manifest = collect_records(
+    """zoo → deduplicated workloads → sampled, built, RPC-measured records → manifest + card;
+    returns the dataset's summary and whether a signal stopped the collection."""
+    manifest, stopped = collect_records(
         out,
         zoo,
         target,
-        CollectSettings(**settings),
-        tracker=Tracker(**tracker) if tracker else None,
+        settings,
+        tracker=tracker,
         max_workloads=max_workloads,
         time_budget=time_budget,
     )
     write_card(out, manifest)
-    return summarize(out)
+    return dataset_summary(out) | {"stopped": stopped}

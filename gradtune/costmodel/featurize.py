@@ -9,7 +9,6 @@ is skipped and counted, never fatal.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,20 +16,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradtune.dataset import family as operator_family
+from gradtune.dataset.store import Skipped
+from gradtune.partition import module_kernel_class, operator_family
 from gradtune.symbolic.features import evaluate
 from gradtune.symbolic.program import extract_program
 from gradtune.target import is_gpu as target_is_gpu
-
-
-@dataclass
-class Skipped:
-    count: int = 0
-    first_reason: str = ""
-
-    def add(self, reason: str) -> None:
-        self.count += 1
-        self.first_reason = self.first_reason or reason
 
 
 @dataclass
@@ -44,30 +34,6 @@ class WorkloadData:
     schedules: list[Any] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     symbolic: list[torch.Tensor] = field(default_factory=list)
-
-
-def family_of(mod: Any) -> str:
-    """Operator family from the workload's block names (counters and suffixes stripped)."""
-    names = []
-
-    def visit(stmt: Any) -> None:
-        kind = type(stmt).__name__
-        if kind == "SBlockRealize":
-            visit(stmt.block)
-        elif kind == "SBlock":
-            if stmt.name_hint != "root":
-                names.append(re.sub(r"(_\d+)+$|\d+$", "", stmt.name_hint))
-            visit(stmt.body)
-        elif kind == "SeqStmt":
-            for s in stmt.seq:
-                visit(s)
-        elif hasattr(stmt, "body"):
-            visit(stmt.body)
-
-    for _, func in mod.functions.items():
-        visit(func.body)
-    core = [n for n in names if not re.match(r"^(T_)?(pad|PadInput|pad_temp|compile_engine)", n)]
-    return "+".join(dict.fromkeys(core or names)) or "unknown"
 
 
 def replay(mod: Any, trace: Any, postprocs: list[Any]) -> Any | None:
@@ -104,10 +70,13 @@ def from_records(
     records: Iterable[Any],
     target: Any,
     skipped: Skipped | None = None,
-    families: dict[str, str] | None = None,
+    kernel_classes: dict[str, str] | None = None,
     progress=None,
 ) -> list[WorkloadData]:
-    """Group ``ms.database.TuningRecord``s by workload and featurize them."""
+    """Group ``ms.database.TuningRecord``s by workload and featurize them.
+
+    ``kernel_classes`` maps workload keys to kernel classes (the manifest's); a workload not
+    in it is classified by its block names."""
     import tvm_ffi
 
     skipped = skipped if skipped is not None else Skipped()
@@ -118,7 +87,7 @@ def from_records(
             progress()
         run_secs = [float(s) for s in (record.run_secs or [])]
         if not run_secs or not all(np.isfinite(run_secs)) or min(run_secs) >= 1e9:
-            skipped.add("a record without a valid measurement")
+            skipped.add("invalid measurement", "a record without a valid measurement")
             continue
         mod = record.workload.mod
         key = str(tvm_ffi.structural_hash(mod))
@@ -126,16 +95,18 @@ def from_records(
             context = make_context(mod, target)
             # Operator family (conv2d, matmul, ...), not the whole kernel class: per-family
             # metrics need several workloads per row.
-            family = operator_family((families or {}).get(key) or family_of(mod))
+            kernel_class = (kernel_classes or {}).get(key) or module_kernel_class(mod)
+            family = operator_family(kernel_class)
             by_key[key] = WorkloadData(key, mod, family, context)
         data = by_key[key]
         try:
             sch = replay(mod, record.trace, list(data.context.space_generator.postprocs))
         except Exception as err:  # TVM raises several types when a trace does not apply
-            skipped.add(f"a trace that no longer applies ({str(err).strip().splitlines()[0]})")
+            why = str(err).strip().splitlines()[0]
+            skipped.add("stale trace", f"a trace that no longer applies ({why})")
             continue
         if sch is None:
-            skipped.add("a trace its postprocessors reject")
+            skipped.add("rejected trace", "a trace its postprocessors reject")
             continue
         data.schedules.append(sch)
         data.latencies.append(float(np.median(run_secs)))

@@ -11,14 +11,14 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 from pathlib import Path
 
 import yaml
 
-from gradtune.dataset import CollectSettings, collect
+from gradtune.dataset.collect import CollectSettings, collect, stop_on_signals
 from gradtune.errors import GradtuneError
+from gradtune.stop import StopSignal
 from gradtune.target import parse_target
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,51 +29,38 @@ def settings_from_params(params: dict) -> CollectSettings:
     return CollectSettings(**{k: v for k, v in params.items() if k in fields})
 
 
-def _interrupt(signum, frame):
-    """First signal: stop at the next batch boundary (records so far are on disk, the RPC fleet
-    is stopped on the normal way out). An exception raised here instead could land inside a
-    TVM call, which aborts the process and orphans the fleet. A second signal forces it."""
-    from gradtune.dataset import STOP
-
-    if STOP.is_set():
-        raise KeyboardInterrupt
-    STOP.set()
-    logging.getLogger(__name__).warning("stopping after the current batch (signal %d)", signum)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", default=str(ROOT / "params.yaml"))
     parser.add_argument("--time-budget", type=float, default=None, metavar="SECONDS")
     parser.add_argument("--target", default=None, help="llvm (default: this CPU) or JSON")
     args = parser.parse_args(argv)
-    # A plain `kill` (or DVC stopping the stage) should stop the RPC fleet on the way out, as
-    # Ctrl-C does: what was measured is already on disk, a rerun resumes.
-    signal.signal(signal.SIGTERM, _interrupt)
-    signal.signal(signal.SIGINT, _interrupt)  # also when started in the background (&), where
-    # SIGINT starts out ignored and Python would keep ignoring it
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     # MetaSchedule logs every search generation at INFO: keep the log about the collection.
     logging.getLogger("tvm.s_tir.meta_schedule").setLevel(logging.WARNING)
+    # SIGINT / SIGTERM (a plain `kill`, DVC stopping the stage) stop after the current batch:
+    # what was measured is on disk, the RPC fleet is stopped on the way out, a rerun resumes.
+    # A second signal forces it.
+    stop = StopSignal()
     try:
-        params = yaml.safe_load(Path(args.params).read_text())["collect"]
-        manifest = collect(
-            data_dir=ROOT / params.get("out", "data"),
-            zoo_config=ROOT / params.get("zoo", "configs/zoo.yaml"),
-            target_config=parse_target(args.target),
-            settings=settings_from_params(params),
-            max_workloads=params.get("max_workloads"),
-            time_budget=args.time_budget,
-        )
+        with stop_on_signals(stop):
+            params = yaml.safe_load(Path(args.params).read_text())["collect"]
+            manifest = collect(
+                data_dir=ROOT / params.get("out", "data"),
+                zoo_config=ROOT / params.get("zoo", "configs/zoo.yaml"),
+                target_config=parse_target(args.target),
+                settings=settings_from_params(params),
+                max_workloads=params.get("max_workloads"),
+                time_budget=args.time_budget,
+                stop=stop,
+            )
     except GradtuneError as err:
         print(f"gradtune: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:
         print("collect: interrupted; rerun to resume (measured records are kept)", file=sys.stderr)
         return 130
-    from gradtune.dataset import STOP
-
-    if STOP.is_set():  # not complete: DVC must not record this output as the stage's result
+    if stop.stopped:  # not complete: DVC must not record this output as the stage's result
         print("collect: stopped; rerun to resume (measured records are kept)", file=sys.stderr)
         return 130
     done = sum(1 for w in manifest["workloads"].values() if w["records"] > 0)

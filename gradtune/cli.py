@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_dataset_parser(sub) -> None:
-    from .dataset import CollectSettings
+    from .dataset.collect import CollectSettings
 
     d = CollectSettings()
     dataset = sub.add_parser("dataset", help="the TenSet-style dataset: collect, info")
@@ -195,10 +195,11 @@ def add_dataset_parser(sub) -> None:
 
 
 def cmd_dataset(args: argparse.Namespace) -> int:
-    from .dataset import CollectSettings, summarize
+    from .dataset.card import dataset_summary
+    from .dataset.collect import CollectSettings
 
     if args.dataset_command == "info":
-        summary = summarize(args.data)
+        summary = dataset_summary(args.data)
         for name, f in summary["families"].items():
             print(
                 f"{name:32s} {f['workloads']:4d} workloads {f['records']:7d} records "
@@ -222,6 +223,8 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
         tracker = parse_tracker(args.tracker, args.key)
         check_tracker(tracker)
+    if os.environ.get(_RELAYED_BY) != str(os.getppid()):  # see _run_in_own_session
+        return _run_in_own_session(_collect_argv(args))
     settings = CollectSettings(
         random_per_workload=args.random,
         evolutionary_per_workload=args.evolutionary,
@@ -232,18 +235,75 @@ def cmd_dataset(args: argparse.Namespace) -> int:
     _prefect_defaults()
     collect_dataset = load_flow("collect_dataset")
     _quiet_prefect_user_errors()
-    summary = collect_dataset(
-        args.out,
-        args.zoo,
-        json.dumps(parse_target(args.target)),
-        settings,
-        max_workloads=args.max_workloads,
-        time_budget=args.time_budget,
-        tracker=tracker,
-    )
+    resume = "rerun the same command to resume (measured records are kept)"
+    try:
+        summary = collect_dataset(
+            args.out,
+            args.zoo,
+            json.dumps(parse_target(args.target)),
+            settings,
+            max_workloads=args.max_workloads,
+            time_budget=args.time_budget,
+            tracker=tracker,
+        )
+    except KeyboardInterrupt:  # a second signal, or one before the collection started
+        print(f"gradtune: interrupted; {resume}", file=sys.stderr)
+        return 130
     keys = ("workloads", "workloads_with_records", "workloads_complete", "records", "failed")
     print(json.dumps({k: summary[k] for k in keys}))
+    if summary["stopped"]:
+        print(f"gradtune: collection stopped; {resume}", file=sys.stderr)
+        return 130
     return 0
+
+
+# Set in the environment of the collection's own process to the pid of the one relaying to it.
+_RELAYED_BY = "GRADTUNE_COLLECT_RELAYED_BY"
+
+
+def _run_in_own_session(argv: list[str]) -> int:
+    """Run ``argv`` as the leader of a new session, relaying SIGINT and SIGTERM to it; returns
+    its exit code.
+
+    A terminal's Ctrl-C signals its whole foreground process group (so does ``kill -- -PGID``):
+    Prefect's temporary API server and TVM's build and run workers would die with the
+    collection's batch in flight, and the flow with them. In a session of its own, the
+    collection hears only the signals relayed here, each of which stops it cleanly (the first
+    after its batch, a second at once).
+    """
+    import signal
+    import subprocess
+
+    child: subprocess.Popen | None = None
+    early: list[int] = []  # signals from before the child existed, sent once it does
+
+    def relay(signum: int, frame: object) -> None:
+        if child is None:
+            early.append(signum)
+        else:
+            child.send_signal(signum)
+
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {sig: signal.signal(sig, relay) for sig in handled}
+    try:
+        env = {**os.environ, _RELAYED_BY: str(os.getpid())}
+        child = subprocess.Popen(argv, env=env, start_new_session=True)
+        for signum in early:
+            child.send_signal(signum)
+        code = child.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+
+
+def _collect_argv(args: argparse.Namespace) -> list[str]:
+    """The ``dataset collect`` command line of ``args`` (each option's dest is its flag)."""
+    argv = [sys.executable, "-m", "gradtune.cli", "dataset", "collect"]
+    for dest, value in vars(args).items():
+        if dest not in ("command", "dataset_command") and value is not None:
+            argv += [f"--{dest.replace('_', '-')}", str(value)]
+    return argv
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -327,13 +387,14 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
     if args.epochs <= 0:
         raise GradtuneError("--epochs must be positive")
     if not args.reuse_features:
-        from .dataset import load_manifest, open_database
+        from .dataset.card import load_manifest
+        from .dataset.store import open_dataset
 
         if not Path(args.dataset).is_dir():
             raise GradtuneError(f"dataset directory not found: {args.dataset}")
         # Bad or empty data is a one-line error before Prefect starts; the cleaned copy is
         # cached by content, so the flow's own load is then cheap.
-        open_database(args.dataset, target=load_manifest(Path(args.dataset)).get("target"))
+        open_dataset(args.dataset, target=load_manifest(Path(args.dataset)).get("target"))
     if args.mlflow_uri:
         from .registry import check_tracking_uri
 

@@ -3,6 +3,10 @@
 Each task is a fused PrimFunc with a weight (how often the model calls it), a kernel class
 (its operator sequence without shapes, the unit Transfer-Tuning reuses schedules across) and
 its FLOPs. The same fused module feeds extraction and compilation so database keys always match.
+
+Every classification of a kernel lives here: its kernel class from the task name (or, for a
+workload stored without one, from its block names) and the coarser operator family of a
+kernel class, which the dataset balances its sampling over and the cost model reports by.
 """
 
 from __future__ import annotations
@@ -42,6 +46,53 @@ def kernel_class(task_name: str) -> str:
     for compound in ("conv2d+transpose", "conv1d+transpose", "conv3d+transpose", "batch+matmul"):
         joined = joined.replace(compound, compound.replace("+", "_"))
     return joined
+
+
+def module_kernel_class(mod: Any) -> str:
+    """Kernel class of a workload module from its block names (``conv2d_nchw+T_subtract+...``).
+
+    A database workload keeps its PrimFunc but not the task name ``kernel_class`` reads, so
+    the blocks' names stand in for it: counters and suffixes stripped, padding blocks dropped.
+    """
+    names = []
+
+    def visit(stmt: Any) -> None:
+        kind = type(stmt).__name__
+        if kind == "SBlockRealize":
+            visit(stmt.block)
+        elif kind == "SBlock":
+            if stmt.name_hint != "root":
+                names.append(re.sub(r"(_\d+)+$|\d+$", "", stmt.name_hint))
+            visit(stmt.body)
+        elif kind == "SeqStmt":
+            for s in stmt.seq:
+                visit(s)
+        elif hasattr(stmt, "body"):
+            visit(stmt.body)
+
+    for _, func in mod.functions.items():
+        visit(func.body)
+    core = [n for n in names if not re.match(r"^(T_)?(pad|PadInput|pad_temp|compile_engine)", n)]
+    return "+".join(dict.fromkeys(core or names)) or "unknown"
+
+
+# The compute families, in the order the dataset's collection visits them.
+OPERATOR_FAMILIES = ("conv2d", "conv2d_transpose", "conv3d", "matmul", "softmax", "norm", "mean")
+OTHER_FAMILY = "elementwise / data movement"
+
+
+def operator_family(kernel_class: str) -> str:
+    """Operator family of a kernel class (``conv2d+subtract+...+relu`` → ``conv2d``): one of
+    ``OPERATOR_FAMILIES``, or ``OTHER_FAMILY``."""
+    # conv2d_transpose before conv2d: the shorter name is a substring of it.
+    for name in ("conv3d", "conv2d_transpose", "conv2d", "matmul", "softmax"):
+        if name in kernel_class:
+            return name
+    if "norm" in kernel_class or "rsqrt" in kernel_class:  # layer norm, RMS norm
+        return "norm"
+    if "mean" in kernel_class:
+        return "mean"
+    return OTHER_FAMILY
 
 
 def prepare(mod: Any, params: dict[str, Any], target: Any) -> Any:

@@ -15,13 +15,26 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gradtune import dataset, zoo
+from gradtune import zoo
+from gradtune.dataset.card import dataset_summary
+from gradtune.dataset.collect import Collector, CollectSettings, collect
+from gradtune.dataset.store import (
+    RECORDS,
+    WORKLOADS,
+    DatasetStore,
+    Skipped,
+    open_dataset,
+    trace_key,
+)
+from gradtune.dataset.workloads import WorkloadProgress, extract_workloads, prioritize
 from gradtune.errors import GradtuneError
+from gradtune.partition import OTHER_FAMILY, operator_family
+from gradtune.stop import StopSignal
 from tests.conftest import ROOT, http_server, run_cli
 
 # Two small workloads, four records each: enough to exercise sampling, both phases, the
 # manifest, the card and resume, in about a minute on two cores.
-MINI = dataset.CollectSettings(
+MINI = CollectSettings(
     random_per_workload=4, evolutionary_per_workload=0, batch_size=4, builder_workers=1
 )
 
@@ -100,18 +113,18 @@ def test_workloads_deduplicated_by_structural_hash(llvm_target):
     import tvm_ffi
 
     entries = [zoo.ZooEntry("transformer_encoder", [1]), zoo.ZooEntry("transformer_encoder", [1])]
-    workloads = dataset.extract_workloads(entries, llvm_target)
+    workloads = extract_workloads(entries, llvm_target)
     keys = [w.key for w in workloads]
     assert len(keys) == len(set(keys))
     # The encoder calls some kernels twice (two identical matmul+add, q/k/v slicing): one
     # workload, its weight counting both calls.
     assert sum(w.weights["transformer_encoder@b1"] for w in workloads) > len(workloads)
     assert all(str(tvm_ffi.structural_hash(w.mod)) == w.key for w in workloads)
-    order = [dataset.family(w.kernel_class) for w in dataset.prioritize(workloads)]
+    order = [operator_family(w.kernel_class) for w in prioritize(workloads)]
     assert order[:3] == ["matmul", "softmax", "norm"]
     # Data movement (tiny design spaces) only after every compute kernel.
-    first_other = order.index(dataset.OTHER)
-    assert dataset.OTHER in order and set(order[first_other:]) == {dataset.OTHER}
+    first_other = order.index(OTHER_FAMILY)
+    assert OTHER_FAMILY in order and set(order[first_other:]) == {OTHER_FAMILY}
 
 
 # --------------------------------------------------------------------------- collection
@@ -129,15 +142,13 @@ def test_collect_writes_plain_jsondatabase_manifest_and_card(mini_dataset, tmp_p
     assert manifest["target"]["mcpu"] and manifest["hardware"]["logical_cores"] >= 1
     assert manifest["measurement"]["repeat"] == MINI.repeat
     # Gunzipped, plain TVM reads the files: no gradtune in the loop.
-    for name in (dataset.WORKLOADS, dataset.RECORDS):
+    for name in (WORKLOADS, RECORDS):
         (tmp_path / name).write_bytes(gzip.decompress((mini_dataset / f"{name}.gz").read_bytes()))
-    db = ms.database.JSONDatabase(
-        str(tmp_path / dataset.WORKLOADS), str(tmp_path / dataset.RECORDS)
-    )
+    db = ms.database.JSONDatabase(str(tmp_path / WORKLOADS), str(tmp_path / RECORDS))
     records = db.get_all_tuning_records()
     assert len(records) == 8
     assert all(0 < min(float(s) for s in r.run_secs) < 1 for r in records)
-    traces = {dataset.trace_key(r.trace) for r in records}
+    traces = {trace_key(r.trace) for r in records}
     assert len(traces) == 8, "a program was measured twice"
     card = (mini_dataset / "README.md").read_text()
     assert "8 measured records" in card and "matmul" in card
@@ -150,33 +161,138 @@ def test_collect_resumes_measuring_only_what_is_missing(mini_dataset, fleet, tmp
     monkeypatch.setenv("GRADTUNE_CACHE", str(tmp_path / "cache"))
 
     data = _copy(mini_dataset, tmp_path)
-    before = _lines(data / f"{dataset.RECORDS}.gz")
+    before = _lines(data / f"{RECORDS}.gz")
     # Simulate a kill in the middle of an append: a torn gzip member at the end of the file.
-    with open(data / f"{dataset.RECORDS}.gz", "ab") as f:
+    with open(data / f"{RECORDS}.gz", "ab") as f:
         f.write(gzip.compress(b'[0, [[["x"]]]]\n' * 50)[:40])
     # A raised goal: one more per workload, from the evolutionary phase (seeded by the records).
-    more = dataset.CollectSettings(**{**MINI.__dict__, "evolutionary_per_workload": 1})
-    manifest = dataset.collect(
+    more = CollectSettings(**{**MINI.__dict__, "evolutionary_per_workload": 1})
+    manifest = collect(
         data, _zoo_file(tmp_path), parse_target(None), more, tracker=fleet, max_workloads=2
     )
-    after = _lines(data / f"{dataset.RECORDS}.gz")
+    after = _lines(data / f"{RECORDS}.gz")
     assert after[: len(before)] == before, "stored records were rewritten or dropped"
     assert len(after) == len(before) + 2  # nothing re-measured
     assert all(e["records"] == 5 for e in manifest["workloads"].values())
-    assert len({dataset.trace_key(r.trace) for r in _records(data, tmp_path)}) == 10
+    assert len({trace_key(r.trace) for r in _records(data, tmp_path)}) == 10
 
 
 def _records(data: Path, tmp_path: Path) -> list:
-    return list(dataset.open_database(data, cache_dir=tmp_path / "c").get_all_tuning_records())
+    return list(open_dataset(data, cache_dir=tmp_path / "c").get_all_tuning_records())
+
+
+# --------------------------------------------------------------------------- stopping
+
+
+def test_collect_stopped_before_it_starts_measures_nothing(fleet, tmp_path, monkeypatch):
+    from gradtune.target import parse_target
+
+    monkeypatch.setenv("GRADTUNE_CACHE", str(tmp_path / "cache"))
+    stop = StopSignal()
+    stop.set()
+    data = tmp_path / "data"
+    manifest = collect(
+        data, _zoo_file(tmp_path), parse_target(None), MINI, tracker=fleet, max_workloads=2,
+        stop=stop,
+    )  # fmt: skip
+    assert _lines(data / f"{RECORDS}.gz") == []
+    assert [e["records"] for e in manifest["workloads"].values()] == [0, 0]
+    assert (data / "README.md").is_file()  # the card is written on the way out all the same
+
+
+def test_collection_stops_after_the_batch_that_saw_the_signal(fleet, tmp_path):
+    from gradtune.target import make_target, parse_target
+
+    target_config = parse_target(None)
+    target = make_target(target_config)
+    entries = [zoo.ZooEntry("transformer_encoder", [1])]
+    info = prioritize(extract_workloads(entries, target))[0]  # the largest matmul
+    store = DatasetStore(tmp_path / "data", target_config, scratch=tmp_path / "scratch")
+    stop = StopSignal()
+    batches = []
+
+    def on_batch(n: int) -> None:  # the signal arrives while the collection runs
+        batches.append(n)
+        stop.set()
+
+    collector = Collector(store, target, fleet, MINI, stop)
+    try:
+        goal = 3 * MINI.batch_size  # the design space holds far more programs than this
+        collector.run_workload(info, "random", goal, WorkloadProgress(), on_batch=on_batch)
+    finally:
+        collector.close()
+    assert batches == [MINI.batch_size]
+    measured = store.counts.get(info.key, 0)
+    assert 0 < measured <= MINI.batch_size
+    assert len(_lines(tmp_path / "data" / f"{RECORDS}.gz")) == measured  # and it is stored
+
+
+@pytest.mark.slow
+def test_cli_collect_stops_cleanly_on_ctrl_c_and_resumes(tmp_path):
+    """Ctrl-C in a terminal (SIGINT to the whole process group) during `gradtune dataset
+    collect`: the batch in flight is stored, then every process of the run is gone (its RPC
+    fleet, its build workers, Prefect's server), exit 130 with a one-line message; a rerun
+    resumes."""
+    import signal
+    import time
+    import uuid
+
+    import psutil
+
+    data = tmp_path / "data"
+    mark = uuid.uuid4().hex  # inherited by every process the command starts
+    env = {**os.environ, "GRADTUNE_CACHE": str(tmp_path / "cache"), "GRADTUNE_TEST_RUN": mark}
+    argv = [sys.executable, "-m", "gradtune.cli", "dataset", "collect", "--out", str(data),
+            "--zoo", str(_zoo_file(tmp_path)), "--max-workloads", "2", "--random", "8",
+            "--evolutionary", "0", "--batch-size", "4", "--builder-workers", "1"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+    records = data / f"{RECORDS}.gz"
+    deadline = time.monotonic() + 600
+    while not (records.is_file() and _lines(records)):  # the first batch is stored
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.monotonic() < deadline, "no batch measured within 600 s"
+        time.sleep(0.5)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    message = (
+        "gradtune: collection stopped; rerun the same command to resume (measured records are kept)"
+    )
+    assert err.splitlines().count(message) == 1, err[-3000:]  # Prefect logs its exit after it
+    kept = _lines(records)
+    assert 4 <= len(kept) < 16  # stopped short of the goal (2 workloads x 8)
+
+    def leftovers() -> list[str]:
+        found = []
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                if p.environ().get("GRADTUNE_TEST_RUN") == mark:
+                    found.append(" ".join(p.info["cmdline"] or []))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    deadline = time.monotonic() + 30
+    while leftovers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not leftovers(), leftovers()
+
+    rerun = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    assert rerun.returncode == 0, rerun.stderr[-3000:]
+    after = _lines(records)
+    assert after[: len(kept)] == kept and len(after) > len(kept)
 
 
 # --------------------------------------------------------------------------- loader
 
 
 @pytest.mark.slow
-def test_open_database_skips_bad_lines_with_a_count(mini_dataset, tmp_path, capsys):
+def test_open_dataset_skips_bad_lines_with_a_count(mini_dataset, tmp_path, capsys):
     data = _copy(mini_dataset, tmp_path)
-    records = _lines(data / f"{dataset.RECORDS}.gz")
+    records = _lines(data / f"{RECORDS}.gz")
     index, body = json.loads(records[0])
     other = json.loads(records[1])
     other[1][2] = {**other[1][2], "mcpu": "cortex-a72"}
@@ -190,11 +306,11 @@ def test_open_database_skips_bad_lines_with_a_count(mini_dataset, tmp_path, caps
         json.dumps([index, [[[["GetSBlock", [], ["no_such_block", "main"], ["b0"]]], []],
                             *body[1:]]]).encode(),
     ]  # fmt: skip
-    with open(data / f"{dataset.RECORDS}.gz", "ab") as f:
+    with open(data / f"{RECORDS}.gz", "ab") as f:
         f.write(gzip.compress(b"\n".join(bad) + b"\n"))
     target = json.loads((data / "manifest.json").read_text())["target"]
-    skipped = dataset.Skipped()
-    db = dataset.open_database(data, target=target, skipped=skipped, cache_dir=tmp_path / "c")
+    skipped = Skipped()
+    db = open_dataset(data, target=target, skipped=skipped, cache_dir=tmp_path / "c")
     assert len(db.get_all_tuning_records()) == len(records)
     assert skipped.count == 5
     assert skipped.reasons == {"corrupt record": 3, "missing workload": 1, "other target": 1}
@@ -203,31 +319,31 @@ def test_open_database_skips_bad_lines_with_a_count(mini_dataset, tmp_path, caps
 
     # A dataset measured elsewhere: nothing usable is a clear error, not an empty database.
     with pytest.raises(GradtuneError, match="another target"):
-        dataset.open_database(
+        open_dataset(
             mini_dataset, target={**target, "mcpu": "cortex-a72"}, cache_dir=tmp_path / "d"
         )
 
 
 @pytest.mark.slow
-def test_open_database_survives_a_truncated_file(mini_dataset, tmp_path):
+def test_open_dataset_survives_a_truncated_file(mini_dataset, tmp_path):
     data = _copy(mini_dataset, tmp_path)
-    path = data / f"{dataset.RECORDS}.gz"
+    path = data / f"{RECORDS}.gz"
     whole = len(_lines(path))
     # Append a second member and cut it in half: the first member's records must survive.
     member = gzip.compress(b"\n".join(_lines(path)) + b"\n")
     path.write_bytes(path.read_bytes() + member[: len(member) // 2])
-    skipped = dataset.Skipped()
-    db = dataset.open_database(data, skipped=skipped, cache_dir=tmp_path / "c")
+    skipped = Skipped()
+    db = open_dataset(data, skipped=skipped, cache_dir=tmp_path / "c")
     assert len(db.get_all_tuning_records()) >= whole
     assert skipped.reasons.get("truncated file") == 1
 
 
 def test_empty_or_missing_dataset_is_a_clear_error(tmp_path):
     with pytest.raises(GradtuneError, match="not found"):
-        dataset.open_database(tmp_path / "nowhere")
+        open_dataset(tmp_path / "nowhere")
     (tmp_path / "empty").mkdir()
     with pytest.raises(GradtuneError, match="no usable tuning records"):
-        dataset.open_database(tmp_path / "empty", cache_dir=tmp_path / "c")
+        open_dataset(tmp_path / "empty", cache_dir=tmp_path / "c")
 
 
 # --------------------------------------------------------------------------- CLI
@@ -290,7 +406,7 @@ def test_fresh_clone_dvc_pull_restores_the_dataset(tmp_path):
         assert hashlib.md5(content).hexdigest() == entry["md5"], entry["relpath"]
     # Byte-identical to what was pushed (above); loading thousands of records into TVM is
     # the loader tests' business, the counts here come from the files themselves.
-    summary = dataset.summarize(clone / "data")
+    summary = dataset_summary(clone / "data")
     assert summary["records"] > 0 and summary["workloads_with_records"] > 0
 
 

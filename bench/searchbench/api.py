@@ -55,7 +55,7 @@ def default_trials_per_round(num_tasks: int) -> int:
 
 def manifest_workloads(data_dir: Path) -> dict[str, Any]:
     """The dataset manifest's ``workloads``: key → {"models": [...], ...}."""
-    from gradtune.dataset import load_manifest
+    from gradtune.dataset.card import load_manifest
 
     return load_manifest(data_dir)["workloads"]
 

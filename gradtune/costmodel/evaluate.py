@@ -18,30 +18,16 @@ from typing import Any
 
 import numpy as np
 
-from gradtune.costmodel.featurize import Skipped, WorkloadData, from_records
+from gradtune.costmodel.featurize import WorkloadData, from_records
 from gradtune.costmodel.model import FelixMLP
 from gradtune.costmodel.train import Group, fit, group_metrics, predict, summarize
+from gradtune.dataset.store import Skipped, open_dataset
 from gradtune.errors import GradtuneError
 
 
-def open_records(data_dir: Path, skipped: Skipped) -> list[Any]:
-    """Tuning records of a dataset directory (gradtune's dataset loader when present: it
-    skips corrupt lines with a count; a plain JSONDatabase otherwise)."""
-    try:
-        from gradtune import dataset
-    except ImportError:
-        dataset = None
-    if dataset is not None and hasattr(dataset, "open_database"):
-        database = dataset.open_database(data_dir)
-    else:
-        from tvm.s_tir import meta_schedule as ms
-
-        workloads = data_dir / "database_workload.json"
-        records = data_dir / "database_tuning_record.json"
-        if not workloads.is_file() or not records.is_file():
-            raise GradtuneError(f"{data_dir}: no JSONDatabase (database_*.json) found")
-        database = ms.database.JSONDatabase(str(workloads), str(records))
-    records = list(database.get_all_tuning_records())
+def open_records(data_dir: Path) -> list[Any]:
+    """Tuning records of a dataset directory (corrupt lines skipped with a count on stderr)."""
+    records = list(open_dataset(data_dir).get_all_tuning_records())
     if not records:
         raise GradtuneError(f"{data_dir}: the dataset is empty")
     return records
@@ -146,7 +132,7 @@ def evaluate(
     if not losses or any(loss not in ("rank", "mse") for loss in losses):
         raise GradtuneError(f"losses must be rank and/or mse, not {losses!r}")
     skipped = Skipped()
-    records = open_records(data_dir, skipped)
+    records = open_records(data_dir)
     manifest = _manifest(data_dir)
     families = {k: v.get("kernel_class", "") for k, v in manifest.items()}  # → operator family
     data = from_records(records, target, skipped, families)

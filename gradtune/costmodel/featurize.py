@@ -10,7 +10,6 @@ dataset and writes the symbolic features to the file pretraining reads (``pretra
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -20,21 +19,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from gradtune.dataset import family as operator_family
+from gradtune.dataset.card import load_manifest
+from gradtune.dataset.store import Skipped, open_dataset
 from gradtune.errors import GradtuneError
+from gradtune.partition import module_kernel_class, operator_family
 from gradtune.symbolic.features import evaluate
 from gradtune.symbolic.program import extract_program
 from gradtune.target import is_gpu as target_is_gpu
-
-
-@dataclass
-class Skipped:
-    count: int = 0
-    first_reason: str = ""
-
-    def add(self, reason: str) -> None:
-        self.count += 1
-        self.first_reason = self.first_reason or reason
 
 
 @dataclass
@@ -48,30 +39,6 @@ class WorkloadData:
     schedules: list[Any] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     symbolic: list[torch.Tensor] = field(default_factory=list)
-
-
-def family_of(mod: Any) -> str:
-    """Operator family from the workload's block names (counters and suffixes stripped)."""
-    names = []
-
-    def visit(stmt: Any) -> None:
-        kind = type(stmt).__name__
-        if kind == "SBlockRealize":
-            visit(stmt.block)
-        elif kind == "SBlock":
-            if stmt.name_hint != "root":
-                names.append(re.sub(r"(_\d+)+$|\d+$", "", stmt.name_hint))
-            visit(stmt.body)
-        elif kind == "SeqStmt":
-            for s in stmt.seq:
-                visit(s)
-        elif hasattr(stmt, "body"):
-            visit(stmt.body)
-
-    for _, func in mod.functions.items():
-        visit(func.body)
-    core = [n for n in names if not re.match(r"^(T_)?(pad|PadInput|pad_temp|compile_engine)", n)]
-    return "+".join(dict.fromkeys(core or names)) or "unknown"
 
 
 def replay(mod: Any, trace: Any, postprocs: list[Any]) -> Any | None:
@@ -108,10 +75,13 @@ def from_records(
     records: Iterable[Any],
     target: Any,
     skipped: Skipped | None = None,
-    families: dict[str, str] | None = None,
+    kernel_classes: dict[str, str] | None = None,
     progress=None,
 ) -> list[WorkloadData]:
-    """Group ``ms.database.TuningRecord``s by workload and featurize them."""
+    """Group ``ms.database.TuningRecord``s by workload and featurize them.
+
+    ``kernel_classes`` maps workload keys to kernel classes (the manifest's); a workload not
+    in it is classified by its block names."""
     import tvm_ffi
 
     skipped = skipped if skipped is not None else Skipped()
@@ -122,7 +92,7 @@ def from_records(
             progress()
         run_secs = [float(s) for s in (record.run_secs or [])]
         if not run_secs or not all(np.isfinite(run_secs)) or min(run_secs) >= 1e9:
-            skipped.add("a record without a valid measurement")
+            skipped.add("invalid measurement", "a record without a valid measurement")
             continue
         mod = record.workload.mod
         key = str(tvm_ffi.structural_hash(mod))
@@ -130,16 +100,18 @@ def from_records(
             context = make_context(mod, target)
             # Operator family (conv2d, matmul, ...), not the whole kernel class: per-family
             # metrics need several workloads per row.
-            family = operator_family((families or {}).get(key) or family_of(mod))
+            kernel_class = (kernel_classes or {}).get(key) or module_kernel_class(mod)
+            family = operator_family(kernel_class)
             by_key[key] = WorkloadData(key, mod, family, context)
         data = by_key[key]
         try:
             sch = replay(mod, record.trace, list(data.context.space_generator.postprocs))
         except Exception as err:  # TVM raises several types when a trace does not apply
-            skipped.add(f"a trace that no longer applies ({str(err).strip().splitlines()[0]})")
+            why = str(err).strip().splitlines()[0]
+            skipped.add("stale trace", f"a trace that no longer applies ({why})")
             continue
         if sch is None:
-            skipped.add("a trace its postprocessors reject")
+            skipped.add("rejected trace", "a trace its postprocessors reject")
             continue
         data.schedules.append(sch)
         data.latencies.append(float(np.median(run_secs)))
@@ -159,18 +131,17 @@ def featurize_dataset(
     """
     from rich.progress import Progress
 
-    from gradtune import dataset
     from gradtune.target import make_target
 
     data_dir, out = Path(data_dir), Path(out)
     if not data_dir.is_dir():
         raise GradtuneError(f"dataset directory not found: {data_dir}")
-    manifest = dataset.load_manifest(data_dir)
+    manifest = load_manifest(data_dir)
     target_config = target_config or manifest.get("target")
     if not target_config:
         raise GradtuneError(f"{data_dir}: no manifest.json naming the dataset's target")
-    load_skipped = dataset.Skipped()
-    database = dataset.open_database(data_dir, target=target_config, skipped=load_skipped)
+    load_skipped = Skipped()
+    database = open_dataset(data_dir, target=target_config, skipped=load_skipped)
     records = list(database.get_all_tuning_records())
     target = make_target(target_config)
     entries = manifest.get("workloads", {})

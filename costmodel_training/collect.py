@@ -16,7 +16,8 @@ from pathlib import Path
 
 import yaml
 
-from gradtune.dataset.collect import CollectSettings, collect, stop_on_signals
+from gradtune.dataset.collect import collect, stop_on_signals
+from gradtune.dataset.settings import CollectSettings
 from gradtune.errors import GradtuneError
 from gradtune.stop import StopSignal
 from gradtune.target import parse_target

@@ -19,7 +19,7 @@ from typing import Any
 
 from prefect import flow
 
-from gradtune.dataset.collect import CollectSettings
+from gradtune.dataset.settings import CollectSettings
 from gradtune.entrypoints import load_tasks
 from gradtune.measure.rpc_fleet import Tracker
 from gradtune.target import parse_target

@@ -153,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def add_dataset_parser(sub) -> None:
-    from .dataset.collect import CollectSettings
+    from .dataset.settings import CollectSettings
 
     d = CollectSettings()
     dataset = sub.add_parser("dataset", help="the TenSet-style dataset: collect, info")
@@ -196,7 +196,7 @@ def add_dataset_parser(sub) -> None:
 
 def cmd_dataset(args: argparse.Namespace) -> int:
     from .dataset.card import dataset_summary
-    from .dataset.collect import CollectSettings
+    from .dataset.settings import CollectSettings
 
     if args.dataset_command == "info":
         summary = dataset_summary(args.data)

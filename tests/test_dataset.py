@@ -17,7 +17,8 @@ import yaml
 
 from gradtune import zoo
 from gradtune.dataset.card import dataset_summary
-from gradtune.dataset.collect import Collector, CollectSettings, collect
+from gradtune.dataset.collect import Collector, collect
+from gradtune.dataset.settings import CollectSettings
 from gradtune.dataset.store import (
     RECORDS,
     WORKLOADS,

@@ -17,15 +17,13 @@ import os
 import platform
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..errors import GradtuneError
 from ..partition import operator_family
+from .settings import CollectSettings
 from .store import RECORDS, WORKLOADS, read_lines
 from .workloads import WorkloadInfo, WorkloadProgress
-
-if TYPE_CHECKING:  # collect.py writes the manifest, so it imports this module
-    from .collect import CollectSettings
 
 MANIFEST = "manifest.json"
 CARD = "README.md"

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from gradtune.dataset.collect import collect, stop_on_signals
+from gradtune.dataset.collect import collect
 from gradtune.dataset.settings import CollectSettings
 from gradtune.errors import GradtuneError
-from gradtune.stop import StopSignal
+from gradtune.stop import StopSignal, stop_on_signals
 from gradtune.target import parse_target
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -8,10 +8,15 @@ at its own boundaries; signal handlers, time budgets and callers only set it.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import signal
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -48,3 +53,32 @@ def watch_sigint(
 
     signal.signal(signal.SIGINT, handler)
     return seen.is_set, lambda: signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
+def stop_on_signals(stop: StopSignal) -> Iterator[None]:
+    """While inside, SIGINT and SIGTERM set ``stop``; a second signal raises KeyboardInterrupt
+    to force the way out. The previous handlers come back on exit.
+
+    SIGTERM is handled as SIGINT so that a plain ``kill`` (or DVC stopping a stage) also stops
+    the RPC fleet on the normal way out; SIGINT is installed even when it starts out ignored
+    (a process started in the background with ``&``), where Python would keep ignoring it.
+    Python installs handlers only in the main thread: elsewhere this does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.stopped:
+            raise KeyboardInterrupt
+        stop.set()
+        log.warning("stopping after the current unit of work (signal %d)", signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            if old is not None:  # None: a handler not installed from Python, nothing to restore
+                signal.signal(sig, old)

@@ -19,15 +19,13 @@ import json
 import logging
 import os
 import shutil
-import signal
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from ..measure.pooled_builder import PooledBuilder
-from ..stop import StopSignal
+from ..stop import StopSignal, stop_on_signals
 from .card import load_manifest, utc_now, write_card, write_manifest
 from .settings import CollectSettings
 from .store import DatasetStore, trace_key
@@ -362,35 +360,6 @@ def _progress(console: Any) -> Iterator[Any]:
         TimeElapsedColumn(), TimeRemainingColumn(), console=console,
     ) as bar:  # fmt: skip
         yield bar
-
-
-@contextlib.contextmanager
-def stop_on_signals(stop: StopSignal) -> Iterator[None]:
-    """While inside, SIGINT and SIGTERM set ``stop``; a second signal raises KeyboardInterrupt
-    to force the way out. The previous handlers come back on exit.
-
-    SIGTERM is handled as SIGINT so that a plain ``kill`` (or DVC stopping a stage) also stops
-    the RPC fleet on the normal way out; SIGINT is installed even when it starts out ignored
-    (a process started in the background with ``&``), where Python would keep ignoring it.
-    Python installs handlers only in the main thread: elsewhere this does nothing.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        if stop.stopped:
-            raise KeyboardInterrupt
-        stop.set()
-        log.warning("stopping after the current batch (signal %d)", signum)
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            if old is not None:  # None: a handler not installed from Python, nothing to restore
-                signal.signal(sig, old)
 
 
 def collect_until_signalled(

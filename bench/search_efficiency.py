@@ -28,6 +28,7 @@ Protocol (the parts live in bench/searchbench/):
     nohup .venv/bin/python bench/search_efficiency.py > /tmp/search_efficiency.log 2>&1 &
     .venv/bin/python bench/search_efficiency.py --render     # re-analyse the saved runs
     .venv/bin/python bench/search_efficiency.py --sweep      # batch 8 / default / 64, 2 models
+                                                             # (--sweep --render: its report)
 
 Interrupted (Ctrl-C, ``kill PID``), the same command resumes: finished runs are kept, a
 half-finished one is restarted. State lives in ``--work`` (default bench/work/, git-ignored).
@@ -35,7 +36,7 @@ Writes ``--out``/search_efficiency.{md,json} and search_efficiency_<model>.png (
 PARTIAL until every run finished); the last line printed is the JSON summary
 ``{"models": {name: {"t95_ratio", "t95_ratio_range", "t95_bound", "e2e_ratio_at_budget",
 "leaked_workloads", "repeats"}}, "geomean_t95_ratio", "geomean_e2e_ratio_at_budget",
-"partial", "commit"}``.
+"partial", "commit", "failed_models"}``.
 """
 
 from __future__ import annotations
@@ -70,7 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render", action="store_true", help="only re-analyse saved results")
-    mode.add_argument(
+    parser.add_argument(
         "--sweep", action="store_true",
         help=f"batch sizes {{8, default, 64}} on {' and '.join(SWEEP_MODELS)} (--models to change)",
     )  # fmt: skip

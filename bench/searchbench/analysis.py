@@ -94,6 +94,7 @@ def run_summary(
         "records_match_trials": result.get("records_match_trials"),
         "per_round": result["per_round"],
         "search_summary": result.get("search_summary", {}),
+        "curve": [(round(t, 1), round(us, 2)) for t, us in curve],
     }
 
 

@@ -95,6 +95,7 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
                 "excluded_by_hash_only", "task_hashes_in_training_before",
             )}  # fmt: skip
             entry["tasks"] = len(prepared["tasks"])
+            entry["pretraining"] = prepared["pretraining"] | {"weights": prepared["weights"]}
         for per_round in per_rounds:
             subset = [r for r in ok if batch_of(r) == per_round]
             key = "default" if per_round == 0 else str(per_round)
@@ -143,6 +144,7 @@ def summary_line(data: dict[str, Any]) -> dict[str, Any]:
         "geomean_e2e_ratio_at_budget": round(h, 3) if h else None,
         "partial": data["partial"],
         "commit": data["commit"],
+        "failed_models": sorted(data["failed_models"]),
     }
 
 
@@ -323,21 +325,27 @@ def plot_model(name: str, results: list[dict[str, Any]], entry: dict, budget: fl
     styles = ["-", "--", ":", "-."]
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for r in sorted(results, key=lambda r: (r["searcher"], r["repeat"])):
+        style = {"color": colors[r["searcher"]], "linestyle": styles[r["repeat"] % len(styles)]}
         curve = best_curve(r, budget)
-        if curve:
-            ax.step(
-                [t for t, _ in curve], [u for _, u in curve], where="post",
-                color=colors[r["searcher"]], linestyle=styles[r["repeat"] % len(styles)],
-                label=f"{r['searcher']} r{r['repeat']}",
-            )  # fmt: skip
+        if curve:  # held flat to the budget: that is what the run had at the deadline
+            ax.step([t for t, _ in curve] + [budget], [u for _, u in curve] + [curve[-1][1]],
+                    where="post", label=f"{r['searcher']} r{r['repeat']}", **style)  # fmt: skip
+        # What arrived after the deadline (not counted), faintly.
+        late = best_curve(r, math.inf)
+        late = [(t, u) for t, u in late if t > budget]
+        if late:
+            ax.step([t for t, _ in late], [u for _, u in late], where="post", alpha=0.3,
+                    label=None if curve else f"{r['searcher']} r{r['repeat']} (after B only)",
+                    **style)  # fmt: skip
     if entry.get("level_us"):
         ax.axhline(entry["level_us"], color="grey", linewidth=0.8, linestyle="--",
                    label=f"{TARGET_SHARE:.0%} of best known")  # fmt: skip
     ax.axvline(budget, color="black", linewidth=0.8)
+    ax.set_xlim(left=0)
     ax.set_xlabel("tuning wall-clock time (s)")
     ax.set_ylabel("best estimated latency (µs, Σ weight × kernel)")
     ax.set_yscale("log")
-    ax.set_title(f"{name}: estimated latency vs tuning time")
+    ax.set_title(f"{name}: estimated latency vs tuning time (B = {budget:g} s)")
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

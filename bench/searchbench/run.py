@@ -1,7 +1,7 @@
 """One tuning run (model, searcher, repeat) with a real deadline, then its truncated builds.
 
-The clock starts just before ``tune`` is called. A timer sets the run's stop signal at the
-budget: the strategy then hands out no more candidates. Work already under way still ends
+The clock starts just before ``tune`` is called. ``tune``'s own timer sets the run's stop
+signal at the budget: the strategy then hands out no more candidates. Work already under way still ends
 (a generation in progress, a batch being built and measured), so the run overruns a little;
 its wall time and overrun are recorded, and the evaluation counts only what was measured by
 the budget. Every measured batch is logged with its wall-clock time and the cumulative trial

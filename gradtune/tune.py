@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -146,29 +145,6 @@ def _make_progress_callback(
     return ProgressCallback()
 
 
-def _deadline(
-    time_budget: float | None, session: Session, result: TuneResult
-) -> threading.Timer | None:
-    """Stop the run when the budget runs out, not when the next batch happens to finish.
-
-    The progress callback only sees the clock after a batch is measured, and one evolutionary
-    round (15–35 s on 2 cores) plus its build and RPC run can pass the budget by a minute. At
-    the deadline every strategy is told to hand out no more candidates; the batch in flight is
-    still measured and recorded.
-    """
-    if time_budget is None:
-        return None
-
-    def expire() -> None:
-        result.stopped_by_time_budget = True
-        session.stop.set()
-
-    timer = threading.Timer(time_budget, expire)
-    timer.daemon = True
-    timer.start()
-    return timer
-
-
 def estimate_model_us(tasks: list[TuningTask], best_us: dict[str, float]) -> float:
     """Σ weight × (best tuned or else untuned) per-call latency: the kernels' share of a run."""
     total = 0.0
@@ -287,7 +263,6 @@ def tune(
     ]
     runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
     interrupted, restore_sigint = watch_sigint(on_interrupt=session.stop.set)
-    deadline = _deadline(time_budget, session, result)
     try:
         ms.tune_tasks(
             tasks=contexts,
@@ -309,8 +284,6 @@ def tune(
             raise KeyboardInterrupt from None
         raise
     finally:
-        if deadline is not None:
-            deadline.cancel()
         restore_sigint()
         runner.pool.shutdown()
     if interrupted():  # swallowed on the way (see watch_sigint); the stop signal ended the run

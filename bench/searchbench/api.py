@@ -8,6 +8,7 @@ RPC fleet, task scheduler and batch size.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -131,6 +132,19 @@ def tune(
         tasks, target, work_dir, tracker, max_trials=CLI_TRIALS, time_budget=budget,
         search=strategy, trials_per_round=trials_per_round, seed=seed, on_round=on_round,
     )  # fmt: skip
+
+
+def stop_at(strategy: Any, seconds: float) -> threading.Timer:
+    """Set the run's stop signal after ``seconds`` (started here; cancel it when tuning ends).
+
+    ``tune`` checks its time budget only when MetaSchedule joins a batch, and the gradient task
+    scheduler joins none until every task's warm-up batch was generated, built and sent: the
+    budget alone cannot stop a run during the warm-up. ``tune`` attaches its ``Session`` to the
+    strategy before tuning starts, so the timer looks the session up when it fires."""
+    timer = threading.Timer(seconds, lambda: strategy.session.stop.set())
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def search_summary(result: Any) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """One tuning run (model, searcher, repeat) with a real deadline, then its truncated builds.
 
-The clock starts just before ``tune`` is called. ``tune``'s own timer sets the run's stop
-signal at the budget: the strategy then hands out no more candidates. Work already under way still ends
+The clock starts just before ``tune`` is called. A timer sets the run's stop signal at the
+budget: the strategy then hands out no more candidates. Work already under way still ends
 (a generation in progress, a batch being built and measured), so the run overruns a little;
 its wall time and overrun are recorded, and the evaluation counts only what was measured by
 the budget. Every measured batch is logged with its wall-clock time and the cumulative trial
@@ -57,6 +57,7 @@ def tune_until_deadline(
     # Python's default one raises KeyboardInterrupt right there, inside a TVM callback, which
     # crashed the process (TVM's FFI segfaulted) and orphaned the RPC fleet. A no-op instead:
     # tune() raises KeyboardInterrupt itself once TVM has returned, the fleet then stops.
+    timer = api.stop_at(strategy, budget)
     previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
         result = api.tune(
@@ -65,6 +66,7 @@ def tune_until_deadline(
         )  # fmt: skip
     finally:
         signal.signal(signal.SIGINT, previous)
+        timer.cancel()
     wall = time.perf_counter() - start
     return {
         "rounds": rounds,

@@ -382,7 +382,8 @@ class GradientSearch(ReportingStrategy):
                 if scored[i][3] not in seen:
                     seen.add(scored[i][3])
                     firsts.append(i)
-            order = firsts + [i for i in order if i not in set(firsts)]
+            first = set(firsts)
+            order = firsts + [i for i in order if i not in first]
         explore = min(len(order), int(round(self.config.explore * count)))
         exploit = order[: count - explore]
         rest = order[count - explore :]

@@ -110,7 +110,9 @@ def test_measured_programs_are_told_apart_by_sketch_and_the_fastest_seed_the_des
     model = load_model(EXAMPLES / "small_cnn.py")
     _, tasks = partition(model.mod, model.params, llvm_target)
     conv = max(tasks, key=lambda t: t.flops)
-    strategy = make_strategy("gradient", config=GradientConfig(seeds=4, elite=0.5))
+    strategy = make_strategy(
+        "gradient", config=GradientConfig(seeds=4, elite=0.5, per_seed_first=True)
+    )
     context = ms.TuneContext(
         mod=conv.mod, target=llvm_target, space_generator="post-order-apply",
         search_strategy="replay-trace", task_name=conv.name, num_threads=2,

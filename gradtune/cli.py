@@ -149,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser  # fmt: skip
 
 
-# --------------------------------------------------------------------------- dataset (issue 4)
+# --------------------------------------------------------------------------- dataset
 
 
 def add_dataset_parser(sub) -> None:

@@ -3,7 +3,7 @@ families Felix evaluates on (2D / depthwise / 3D / transposed convolution, dense
 softmax, layer and RMS norm).
 
 Every builder is ``(batch) -> (nn.Module in eval mode, tuple of example inputs)`` and is sized
-to tune on two cores: the dataset collection (issue 4) measures >= 128 candidates of every
+to tune on two cores: the dataset collection measures >= 128 candidates of every
 distinct workload, and the benchmark set reuses the same builders. ``configs/zoo.yaml`` says
 which models and batch sizes the dataset covers.
 """

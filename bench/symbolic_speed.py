@@ -1,4 +1,5 @@
-"""How fast the symbolic layer is (a sketch built in under 5 s, 8 points with gradients in under 20 ms), on this machine, after TVM import.
+"""How fast the symbolic layer is (bars: a sketch built in under 5 s, 8 points with gradients
+in under 20 ms), on this machine, after TVM import.
 
 For every task (the TVMScript operator set in tests/ops, plus the tasks of the example CNN):
 - build: seconds to build the symbolic model of all the task's sketches (probing + fits);

@@ -74,16 +74,13 @@ def pretrain_leaving_out(
 ) -> dict[str, Any]:
     """Pretrain with ``params`` (params.yaml's ``pretrain``) minus ``excluded``; save weights."""
     from gradtune.costmodel import leave_out
-    from gradtune.costmodel.model import save
+    from gradtune.costmodel.pretrain import write_weights
 
     model, info = leave_out.pretrain_leaving_out(
         groups, excluded, params["loss"], int(params["epochs"]), float(params["lr"]),
         int(params["seed"]),
     )  # fmt: skip
-    weights.parent.mkdir(parents=True, exist_ok=True)
-    partial = weights.with_suffix(".partial")
-    save(model, partial)
-    partial.replace(weights)
+    write_weights(model, weights)
     return info
 
 

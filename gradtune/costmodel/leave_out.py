@@ -12,10 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-import torch
-
 from gradtune.costmodel.model import FelixMLP
-from gradtune.costmodel.train import Group, fit
+from gradtune.costmodel.pretrain import train
+from gradtune.costmodel.train import Group
 
 
 def workloads_of_models(manifest_workloads: dict[str, Any], models: Iterable[str]) -> set[str]:
@@ -38,9 +37,7 @@ def pretrain_leaving_out(
 
     Group names are workload keys, as ``costmodel_training.featurize`` writes them."""
     kept = [g for g in groups if g.name not in excluded]
-    torch.manual_seed(seed)
-    model = FelixMLP()
-    history = fit(model, kept, loss=loss, epochs=epochs, lr=lr, seed=seed)
+    model, history = train(kept, loss, epochs, lr, seed)
     info = {
         "workloads": len(kept),
         "left_out": len(groups) - len(kept),

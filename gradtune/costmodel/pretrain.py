@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,15 +60,10 @@ def pretrain(
 
     features, weights = Path(features), Path(weights)
     groups, meta = load_groups(features)
-    torch.manual_seed(seed)
-    model = FelixMLP()
     start = time.perf_counter()
     with Progress(transient=True) as progress:
         bar = progress.add_task(f"pretraining ({loss} loss)", total=epochs)
-        history = fit(
-            model, groups, loss=loss, epochs=epochs, lr=lr, seed=seed,
-            progress=lambda: progress.advance(bar),
-        )  # fmt: skip
+        model, history = train(groups, loss, epochs, lr, seed, lambda: progress.advance(bar))
     info = {
         "target": meta.get("target"),
         "workloads": len(groups),
@@ -82,13 +78,34 @@ def pretrain(
         "features_sha1": hashlib.sha1(features.read_bytes()).hexdigest(),
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    # Each file written whole: a reader never sees half of one.
+    write_weights(model, weights)
+    weights.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
+    return info, history
+
+
+def train(
+    groups: list[Group],
+    loss: str,
+    epochs: int,
+    lr: float,
+    seed: int,
+    progress: Callable[[], None] | None = None,
+) -> tuple[FelixMLP, list[float]]:
+    """A fresh ``FelixMLP`` seeded with ``seed`` and fitted on ``groups``; (model, loss per
+    epoch). Pretraining and leave-out pretraining share it, so they differ only in the data."""
+    torch.manual_seed(seed)
+    model = FelixMLP()
+    history = fit(model, groups, loss=loss, epochs=epochs, lr=lr, seed=seed, progress=progress)
+    return model, history
+
+
+def write_weights(model: FelixMLP, weights: str | Path) -> None:
+    """Save ``model`` to ``weights`` whole: a reader never sees half a file."""
+    weights = Path(weights)
     weights.parent.mkdir(parents=True, exist_ok=True)
     partial = weights.with_suffix(".partial")
     save(model, partial)
     partial.replace(weights)
-    weights.with_suffix(".json").write_text(json.dumps(info, indent=2) + "\n")
-    return info, history
 
 
 def register_champion(

@@ -24,6 +24,7 @@ from .frontend import ImportedModel, fingerprint, load_model
 from .job import TuneJob, mark_out_dir
 from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
 from .partition import TuningTask, partition
+from .redact import redact_uri
 from .search.session import RoundLog
 from .target import is_gpu, make_target
 from .task_timing import task_run_seconds
@@ -197,7 +198,7 @@ def run_summary(
         "untuned_max_abs_err": compiled.untuned_max_abs_err,
         "tolerance": {"rtol": compilation.RTOL, "atol_scale": compilation.ATOL_SCALE},
         "registered": f"{registered_model_name(job)}@{job.alias}",
-        "mlflow_uri": mlflow_uri,
+        "mlflow_uri": redact_uri(mlflow_uri),  # shown and stored: never its credentials
         "best_task_us": {k: v for k, v in tuned.best_us.items() if math.isfinite(v)},
     }
 

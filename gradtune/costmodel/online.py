@@ -51,12 +51,16 @@ def load_pretrained(
 
         from gradtune.costmodel.champion import download_champion
         from gradtune.errors import GradtuneError
+        from gradtune.redact import redact_uri
 
         try:
             with tempfile.TemporaryDirectory(prefix="gradtune-champion-") as tmp:
                 weights = download_champion(tracking_uri, target_kind, Path(tmp))
                 model = mlp.load(weights)
-            source = f"models:/gradtune-costmodel-{target_kind}@champion ({tracking_uri})"
+            # Logged, and stored in the run's MLflow params: never with the URI's credentials.
+            source = (
+                f"models:/gradtune-costmodel-{target_kind}@champion ({redact_uri(tracking_uri)})"
+            )
             log.info("cost model: %s", source)
             return model, source
         except GradtuneError as err:

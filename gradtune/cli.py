@@ -7,8 +7,10 @@ import json
 import logging
 import os
 import sys
+import traceback
 import warnings
 from pathlib import Path
+from typing import NoReturn
 
 from .entrypoints import load_flow
 from .errors import GradtuneError
@@ -39,8 +41,18 @@ def _quiet_prefect_user_errors() -> None:
         handler.addFilter(_DropUserErrors())
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse whose usage errors are one ``gradtune: error:`` line, like every other error."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"gradtune: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gradtune", description=__doc__)
+    parser = OneLineParser(prog="gradtune", description=__doc__)
+    parser.add_argument(
+        "--debug", action="store_true", help="show the traceback of an error, not just its line"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     tune = sub.add_parser("tune", help="tune a PyTorch (.py) or ONNX (.onnx) model")
@@ -307,11 +319,10 @@ def _collect_argv(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from .frontend import fingerprint, parse_input_shapes
-    from .job import check_out_dir, make_job
-    from .registry import check_tracking_uri
+    from .frontend import parse_input_shapes
+    from .preflight import checked_job
 
-    job = make_job(
+    job = checked_job(
         args.target,
         model=args.model,
         entry=args.entry,
@@ -329,14 +340,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         rpc_servers=args.rpc_servers,
         seed=args.seed,
     )
-    check_out_dir(job, fingerprint(job.model, job.entry, job.input_shapes))
-    if job.mlflow_uri:
-        check_tracking_uri(job.mlflow_uri)
-    if job.tracker:
-        from .measure.rpc_fleet import check_tracker, parse_tracker
-
-        check_tracker(parse_tracker(job.tracker, job.key))
-
     _prefect_defaults()
     tune_model = load_flow("tune_model")
     _quiet_prefect_user_errors()
@@ -348,6 +351,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
 
 def cmd_pull(args: argparse.Namespace) -> int:
+    from .preflight import check_tracking_uri, check_writable
+
+    check_writable(Path(args.out), "--out")
+    if args.mlflow_uri:  # checked before MLflow's import, which alone takes seconds
+        check_tracking_uri(args.mlflow_uri, existing=True)
     from .registry import pull
 
     info = pull(args.ref, Path(args.out), args.mlflow_uri)
@@ -396,7 +404,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         # cached by content, so the flow's own load is then cheap.
         open_dataset(args.dataset, target=load_manifest(Path(args.dataset)).get("target"))
     if args.mlflow_uri:
-        from .registry import check_tracking_uri
+        from .preflight import check_tracking_uri
 
         check_tracking_uri(args.mlflow_uri)
     _prefect_defaults()
@@ -429,6 +437,9 @@ def main(argv: list[str] | None = None) -> int:
         }
         return commands[args.command](args)
     except GradtuneError as err:
+        if args.debug:
+            err.__suppress_context__ = False  # the error it was raised from is the useful part
+            traceback.print_exception(err)
         print(f"gradtune: error: {err}", file=sys.stderr)
         return err.exit_code
     except KeyboardInterrupt:

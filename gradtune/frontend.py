@@ -38,19 +38,49 @@ class ImportedModel:
 def load_model(
     path: str | Path, entry: str = "get_model", input_shapes: dict[str, list[int]] | None = None
 ) -> ImportedModel:
-    """Load ``path`` (``.onnx`` or a Python file defining ``entry``) into Relax."""
+    """Load ``path`` (``.onnx`` or a Python file defining ``entry``) into Relax, after running it
+    once on its example inputs in its own framework.
+
+    The last import is kept: the CLI imports the model before anything starts, so that a model
+    that cannot be imported is refused at once, and the flow's import stage, in the same
+    process, then reuses that import rather than doing it again. The key holds the file's
+    content, so an edited file is imported afresh.
+    """
+    path = Path(path)
+    input_shapes = input_shapes or {}
+    check_model_file(path, input_shapes)
+    key = (str(path.resolve()), fingerprint(path, entry, input_shapes))
+    if key in _last_import:
+        return _last_import[key]
+    if path.suffix == ".onnx":
+        model = load_onnx(path, input_shapes)
+    else:
+        model = load_pytorch(path, entry)
+    _last_import.clear()
+    _last_import[key] = model
+    return model
+
+
+_last_import: dict[tuple[str, str], ImportedModel] = {}
+
+
+def check_model_file(path: str | Path, input_shapes: dict[str, list[int]]) -> None:
+    """Refuse, without importing anything, a model path ``load_model`` cannot read."""
     path = Path(path)
     if not path.exists():
         raise GradtuneError(f"model file not found: {path}")
     if not path.is_file():
         raise GradtuneError(f"model path is not a file: {path}")
-    if path.suffix == ".onnx":
-        return load_onnx(path, input_shapes or {})
-    if path.suffix == ".py":
-        if input_shapes:
-            raise GradtuneError("--input-shape applies to ONNX models only")
-        return load_pytorch(path, entry)
-    raise GradtuneError(f"unsupported model file {path.name}: expected a .py or .onnx file")
+    if path.suffix not in (".onnx", ".py"):
+        raise GradtuneError(f"unsupported model file {path.name}: expected a .py or .onnx file")
+    if path.suffix == ".py" and input_shapes:
+        raise GradtuneError("--input-shape applies to ONNX models only")
+    for name, dims in input_shapes.items():
+        if not dims or not all(isinstance(d, int) and d > 0 for d in dims):
+            raise GradtuneError(
+                f"--input-shape {name}={','.join(map(str, dims))}: every dimension must be a "
+                "positive integer"
+            )
 
 
 def fingerprint(path: str | Path, entry: str, input_shapes: dict[str, list[int]]) -> str:
@@ -96,9 +126,23 @@ def load_pytorch(path: Path, entry: str = "get_model") -> ImportedModel:
         raise GradtuneError(f"{shape_msg}; the inputs are not tensors")
 
     model = model.eval()
-    with torch.no_grad():
-        ref = model(*example)
-    ref_list = [ref] if isinstance(ref, torch.Tensor) else list(ref)
+    try:
+        with torch.no_grad():
+            ref = model(*example)
+    except Exception as err:
+        raise GradtuneError(
+            f"{path}:{entry}(): the model fails on its own example inputs: "
+            f"{type(err).__name__}: {_first_line(err)}"
+        ) from None
+    ref_list = [ref] if isinstance(ref, torch.Tensor) else ref
+    if not (
+        isinstance(ref_list, tuple | list) and all(isinstance(t, torch.Tensor) for t in ref_list)
+    ):
+        raise GradtuneError(
+            f"{path}:{entry}(): the model must return a tensor or a tuple of tensors, "
+            f"got {type(ref).__name__}"
+        )
+    ref_list = list(ref_list)
 
     from tvm import relax
     from tvm.relax.frontend.torch import from_exported_program
@@ -213,13 +257,7 @@ def load_onnx(path: Path, input_shapes: dict[str, list[int]]) -> ImportedModel:
         else:
             inputs.append(rng.integers(0, 2, size=shape).astype(np_dtype))
 
-    from tvm import relax
-    from tvm.relax.frontend.onnx import from_onnx
-
-    try:
-        mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=True)
-    except Exception as err:
-        raise GradtuneError(f"TVM could not import {path.name}: {_first_line(err)}") from None
+    # The reference run first: it checks the model on its inputs without importing TVM.
     import onnxruntime as ort
 
     options = ort.SessionOptions()
@@ -231,8 +269,20 @@ def load_onnx(path: Path, input_shapes: dict[str, list[int]]) -> ImportedModel:
     except Exception as err:
         raise GradtuneError(f"ONNX Runtime cannot load {path}: {_first_line(err)}") from None
     feed = dict(zip(shapes, inputs, strict=True))
-    reference = session.run(None, feed)
+    try:
+        reference = session.run(None, feed)
+    except Exception as err:
+        raise GradtuneError(
+            f"ONNX Runtime cannot run {path} on its inputs {shapes}: {_first_line(err)}"
+        ) from None
 
+    from tvm import relax
+    from tvm.relax.frontend.onnx import from_onnx
+
+    try:
+        mod = from_onnx(model, shape_dict=shapes, dtype_dict=dtypes, keep_params_in_input=True)
+    except Exception as err:
+        raise GradtuneError(f"TVM could not import {path.name}: {_first_line(err)}") from None
     mod, params = relax.frontend.detach_params(mod)
     params = named_params(mod, params.get("main", []))
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -85,8 +86,9 @@ def make_job(target: str | None = None, **settings: Any) -> TuneJob:
     """A checked job (``validate``) with its target resolved by ``target.parse_target``.
 
     ``settings`` are ``TuneJob``'s other fields; ``target`` is None or "llvm" (this CPU),
-    "cuda", or a JSON target object. The CLI and the ``tune-model`` flow both build their job
-    here, so a flow started from Prefect's UI is checked as the CLI's is.
+    "cuda", or a JSON target object. The ``tune-model`` flow builds its job here, so a flow
+    started from Prefect's UI has its settings checked as the CLI's are (the CLI's
+    ``preflight.checked_job`` also checks files, services, the model and the device).
     """
     job = TuneJob(**settings)
     validate(job)
@@ -98,15 +100,19 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
 def validate(job: TuneJob) -> None:
-    """Reject bad settings in one line each, before any file is created."""
+    """Reject bad settings in one line each, before any file is created and without importing
+    a framework (so a typo costs well under a second)."""
+    from .frontend import check_model_file
+    from .measure.rpc_fleet import parse_tracker
     from .search import SEARCH_STRATEGIES
 
-    if not Path(job.model).exists():
-        raise GradtuneError(f"model file not found: {job.model}")
+    check_model_file(job.model, job.input_shapes)
     if job.trials <= 0:
         raise GradtuneError(f"--trials must be positive, got {job.trials}")
-    if job.time_budget is not None and job.time_budget <= 0:
-        raise GradtuneError(f"--time-budget must be positive seconds, got {job.time_budget}")
+    if job.time_budget is not None and not (math.isfinite(job.time_budget) and job.time_budget > 0):
+        raise GradtuneError(
+            f"--time-budget must be positive, finite seconds, got {job.time_budget}"
+        )
     if job.search not in SEARCH_STRATEGIES:
         raise GradtuneError(
             f"unknown --search {job.search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}"
@@ -119,10 +125,17 @@ def validate(job: TuneJob) -> None:
         raise GradtuneError(f"alias {job.alias!r} is reserved by MLflow's registry; choose another")
     if job.rpc_servers <= 0:
         raise GradtuneError("--rpc-servers must be positive")
+    if job.tracker:
+        port = parse_tracker(job.tracker, job.key).port
+        if not 0 < port < 65536:
+            raise GradtuneError(f"--tracker {job.tracker!r}: port {port} is not in 1-65535")
 
 
 def check_out_dir(job: TuneJob, fingerprint: str) -> None:
-    """Refuse a directory holding other results, unless resuming the same model."""
+    """Refuse a directory holding other results, unless resuming the same model.
+
+    It needs no target, so it runs before TVM is imported; ``check_resumed_target`` compares
+    the target once it is resolved."""
     out = job.out_dir
     if out.exists() and not out.is_dir():
         raise GradtuneError(f"--out {out} exists and is not a directory")
@@ -148,9 +161,17 @@ def check_out_dir(job: TuneJob, fingerprint: str) -> None:
         raise GradtuneError(
             f"--out {out} already holds results of this model; pass --resume to continue"
         )
+
+
+def check_resumed_target(job: TuneJob) -> None:
+    """Refuse to resume, for another target, a directory ``check_out_dir`` let through."""
+    run_file = job.out_dir / RUN_FILE
+    if not run_file.exists():
+        return
+    previous = json.loads(run_file.read_text())
     if previous.get("target") != job.target:
         raise GradtuneError(
-            f"--out {out} was tuned for target {json.dumps(previous.get('target'))}, "
+            f"--out {job.out_dir} was tuned for target {json.dumps(previous.get('target'))}, "
             f"not {json.dumps(job.target)}; choose another directory"
         )
 

@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import urllib.error
-import urllib.request
 import warnings
 from pathlib import Path
 from typing import Any
@@ -19,6 +17,8 @@ import mlflow
 import numpy as np
 
 from .errors import GradtuneError
+from .preflight import check_tracking_uri
+from .redact import redact_uri
 
 log = logging.getLogger(__name__)
 
@@ -28,28 +28,6 @@ EXPERIMENT = "gradtune"
 def default_tracking_uri(out_dir: Path) -> str:
     """Embedded default: a sqlite store beside the job's results (no server needed)."""
     return f"sqlite:///{(out_dir / 'mlflow.db').resolve()}"
-
-
-def check_tracking_uri(uri: str) -> None:
-    """Fail fast, in one line, when the tracking URI cannot be used."""
-    if uri.startswith(("http://", "https://")):
-        try:
-            with urllib.request.urlopen(uri.rstrip("/") + "/health", timeout=5) as resp:
-                if resp.status != 200:
-                    raise GradtuneError(f"MLflow server {uri} answered HTTP {resp.status}")
-        except (urllib.error.URLError, OSError) as err:
-            reason = getattr(err, "reason", err)
-            raise GradtuneError(f"MLflow tracking URI {uri} cannot be reached: {reason}") from None
-    elif uri.startswith("sqlite:///"):
-        parent = Path(uri.removeprefix("sqlite:///")).parent
-        if not parent.is_dir():
-            raise GradtuneError(f"MLflow sqlite store directory does not exist: {parent}")
-    elif uri.startswith("file:") or "://" not in uri:
-        pass
-    else:
-        raise GradtuneError(
-            f"unsupported MLflow tracking URI {uri!r} (http(s)://, sqlite:/// or file:)"
-        )
 
 
 def io_description(
@@ -149,13 +127,15 @@ def pull(ref: str, out_dir: Path, tracking_uri: str | None) -> dict[str, Any]:
             "no MLflow tracking URI: pass --mlflow-uri (the tune summary prints it) "
             "or set MLFLOW_TRACKING_URI"
         )
-    check_tracking_uri(tracking_uri)
+    check_tracking_uri(tracking_uri, existing=True)
     mlflow.set_tracking_uri(tracking_uri)
     name, alias = ref.split("@", 1)
     try:
         version = mlflow.MlflowClient().get_model_version_by_alias(name, alias)
     except mlflow.exceptions.MlflowException as err:
-        raise GradtuneError(f"no registered model {ref} at {tracking_uri}: {err.message}") from None
+        raise GradtuneError(
+            f"no registered model {ref} at {redact_uri(tracking_uri)}: {err.message}"
+        ) from None
     out_dir.mkdir(parents=True, exist_ok=True)
     local = mlflow.artifacts.download_artifacts(
         artifact_uri=f"models:/{ref}", dst_path=str(out_dir)

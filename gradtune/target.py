@@ -7,7 +7,9 @@ core count.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import sys
 from typing import Any
 
 from .errors import GradtuneError
@@ -37,6 +39,24 @@ CUDA_DEFAULTS: dict[str, Any] = {
 }
 
 
+def read_target_spec(spec: str | dict | None) -> dict[str, Any]:
+    """The target config as the user gave it: ``None`` / ``"llvm"`` / ``"cuda"`` / a JSON object
+    as a dict, not yet completed or judged by TVM (so reading it costs no TVM import)."""
+    if spec is None:
+        return {"kind": "llvm"}
+    if isinstance(spec, dict):
+        return dict(spec)
+    if not spec.lstrip().startswith("{"):
+        return {"kind": spec}
+    try:
+        config = json.loads(spec)
+    except json.JSONDecodeError as err:
+        raise GradtuneError(f"target is not valid JSON: {err}") from None
+    if not isinstance(config, dict):
+        raise GradtuneError('target JSON must be an object like {"kind": "llvm"}')
+    return config
+
+
 def parse_target(spec: str | dict | None) -> dict[str, Any]:
     """Turn ``None`` / ``"llvm"`` / ``"cuda"`` / a JSON object into a target config dict.
 
@@ -45,17 +65,7 @@ def parse_target(spec: str | dict | None) -> dict[str, Any]:
     """
     if spec is None or spec == "llvm":
         return host_cpu_target()
-    if isinstance(spec, dict):
-        config = dict(spec)
-    elif spec.lstrip().startswith("{"):
-        try:
-            config = json.loads(spec)
-        except json.JSONDecodeError as err:
-            raise GradtuneError(f"target is not valid JSON: {err}") from None
-        if not isinstance(config, dict):
-            raise GradtuneError('target JSON must be an object like {"kind": "llvm"}')
-    else:
-        config = {"kind": spec}
+    config = read_target_spec(spec)
     if config.get("kind") == "llvm" and "mcpu" not in config:
         host = host_cpu_target(config.get("num-cores"))
         config = {**host, **config}
@@ -64,6 +74,32 @@ def parse_target(spec: str | dict | None) -> dict[str, Any]:
     # Let TVM judge: it knows every kind and attribute.
     make_target(config)
     return config
+
+
+def check_device(config: dict[str, Any]) -> None:
+    """Refuse, in one line, a target this machine has no usable device for.
+
+    Tuning on a remote tracker still verifies and times the compiled model here, so a CUDA
+    target needs a GPU on this machine whatever ``--tracker`` says. Building for CUDA needs
+    none: ``parse_target`` accepts ``cuda`` anywhere, for the commands that only compile.
+    """
+    if config.get("kind") != "cuda":
+        return  # llvm: this machine's CPU
+    if sys.platform.startswith("linux"):
+        # The driver library answers in milliseconds; TVM takes seconds to import.
+        try:
+            ctypes.CDLL("libcuda.so.1")
+        except OSError:
+            raise GradtuneError(
+                "--target cuda: no usable GPU here (no NVIDIA driver: libcuda.so.1 cannot be "
+                "loaded)"
+            ) from None
+    import tvm
+
+    if not tvm.runtime.enabled("cuda"):
+        raise GradtuneError("--target cuda: this TVM build has no CUDA runtime")
+    if not tvm.cuda(0).exist:
+        raise GradtuneError("--target cuda: no usable GPU here (TVM sees no CUDA device 0)")
 
 
 def make_target(config: dict[str, Any]):

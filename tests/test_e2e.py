@@ -97,9 +97,11 @@ def prefect_server(tmp_path):
 
 
 def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_server):
-    """Also the gradient search's path through the whole product, MLflow logging included."""
+    """Also the gradient search's path through the whole product, MLflow logging included,
+    and an AWS secret in the environment that must appear nowhere."""
     out = tmp_path / "onnx"
-    env = {"PREFECT_API_URL": prefect_server}
+    secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"
+    env = {"PREFECT_API_URL": prefect_server, "AWS_SECRET_ACCESS_KEY": secret}
     result = run_cli("tune", str(tiny_onnx), "--trials", "8", "--out", str(out),
                      "--search", "gradient", env=env)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
@@ -132,3 +134,10 @@ def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_se
     assert run.data.params["search_cost_model"].endswith("weights/llvm.pt")  # pretrained
     artifacts = [a.path for a in client.list_artifacts(summary["run_id"], "report")]
     assert "report/search_rounds.json" in artifacts
+
+    # Not in the output, the files written (summary.json, report.md, the MLflow store with its
+    # params and tags, the artifacts), nor the run's params and tags.
+    assert secret not in result.stdout + result.stderr
+    for path in out.rglob("*"):
+        assert not path.is_file() or secret.encode() not in path.read_bytes(), path
+    assert not any(secret in v for v in [*run.data.params.values(), *run.data.tags.values()])

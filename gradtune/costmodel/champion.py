@@ -40,12 +40,8 @@ def register(
     import mlflow
     from mlflow import MlflowClient
 
-    from gradtune.registry import (
-        check_tracking_uri,
-        mlflow_param,
-        pip_requirements,
-        use_experiment,
-    )
+    from gradtune.preflight import check_tracking_uri
+    from gradtune.registry import mlflow_param, pip_requirements, use_experiment
 
     check_tracking_uri(tracking_uri)
     use_experiment(tracking_uri, EXPERIMENT)
@@ -77,7 +73,8 @@ def download_champion(tracking_uri: str, target_kind: str, dst: Path) -> Path:
     """The champion's weights file, downloaded under ``dst``; GradtuneError when there is none."""
     import mlflow
 
-    from gradtune.registry import check_tracking_uri
+    from gradtune.preflight import check_tracking_uri
+    from gradtune.redact import redact_uri
 
     check_tracking_uri(tracking_uri)
     mlflow.set_tracking_uri(tracking_uri)
@@ -86,7 +83,7 @@ def download_champion(tracking_uri: str, target_kind: str, dst: Path) -> Path:
         mlflow.MlflowClient().get_model_version_by_alias(registered_name(target_kind), ALIAS)
     except mlflow.exceptions.MlflowException as err:
         raise GradtuneError(
-            f"no registered cost model {ref} at {tracking_uri}: {err.message}"
+            f"no registered cost model {ref} at {redact_uri(tracking_uri)}: {err.message}"
         ) from None
     dst.mkdir(parents=True, exist_ok=True)
     local = Path(
@@ -94,7 +91,7 @@ def download_champion(tracking_uri: str, target_kind: str, dst: Path) -> Path:
     )
     found = sorted(local.rglob("*.pt"))
     if not found:
-        raise GradtuneError(f"{ref} at {tracking_uri} has no weights artifact")
+        raise GradtuneError(f"{ref} at {redact_uri(tracking_uri)} has no weights artifact")
     return found[0]
 
 

@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -57,19 +58,36 @@ def query_free_servers(tracker: Tracker, timeout: float = 5.0) -> int:
     return int(queue.get("free", 0))
 
 
+# The tracker's handshake: it answers this 4-byte magic with the same (tvm.rpc.base).
+TRACKER_MAGIC = struct.pack("<i", 0x2F271)
+
+
 def check_tracker(tracker: Tracker) -> None:
-    """Fail early, in one line, when a user-given tracker is unreachable or has no such key."""
+    """Fail early, in one line, when a user-given tracker is unreachable, is not a TVM RPC
+    tracker, or has no such key."""
+    where = f"RPC tracker {tracker.host}:{tracker.port}"
     try:
-        with socket.create_connection((tracker.host, tracker.port), timeout=5):
-            pass
+        sock = socket.create_connection((tracker.host, tracker.port), timeout=5)
     except OSError as err:
-        raise GradtuneError(
-            f"RPC tracker {tracker.host}:{tracker.port} unreachable: {err}"
-        ) from None
-    if query_free_servers(tracker) == 0:
-        raise GradtuneError(
-            f"RPC tracker {tracker.host}:{tracker.port} has no free server with key {tracker.key!r}"
-        )
+        raise GradtuneError(f"{where} unreachable: {err}") from None
+    # TVM's own client retries a refused connection for a minute and raises on anything but a
+    # tracker; its handshake, done here with a timeout, tells the cases apart at once.
+    answer = b""
+    with sock:
+        try:
+            sock.sendall(TRACKER_MAGIC)
+            while len(answer) < 4 and (chunk := sock.recv(4 - len(answer))):
+                answer += chunk
+        except OSError:  # reset, or silence for 5 s
+            pass
+    if answer != TRACKER_MAGIC:
+        raise GradtuneError(f"{where} is not a TVM RPC tracker (it did not answer its handshake)")
+    try:
+        free = query_free_servers(tracker)
+    except (OSError, RuntimeError, ValueError) as err:
+        raise GradtuneError(f"{where} failed to answer a query: {err}") from None
+    if free == 0:
+        raise GradtuneError(f"{where} has no free server with key {tracker.key!r}")
 
 
 @dataclass

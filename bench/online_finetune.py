@@ -1,0 +1,189 @@
+"""How strongly should the search fine-tune its cost model on what it measures? A replay.
+
+On models the cost model never saw, the pretrained ranking is weak (median per-batch Spearman
+0.27–0.30 on an outside CNN), so what the search learns from its own measurements decides how
+good its later picks are. This replays real tuning runs of the search benchmark's held-out
+models (``bench/search_efficiency.py``'s run databases, any searcher) through
+``OnlineCostModel`` exactly as a session sees them: batch by batch in the order MetaSchedule
+committed them, each batch scored *before* the model is fine-tuned on it. It needs no device
+time, so fine-tuning settings can be compared on identical measurements, which a tuning run
+cannot do (each setting would measure different programs).
+
+Per setting it prints, over every batch of ≥ 3 valid measurements:
+
+- ``spearman``: median rank correlation between the scores and the measured speeds;
+- ``top1_regret``: geometric mean of (measured latency of the top-scored candidate) / (batch
+  best): what picking by score costs, 1.0 is perfect;
+- ``finetune_ms``: mean time of one fine-tune (it sits on the search's critical path).
+
+Each run starts from the weights pretrained without its model (the benchmark's leave-out
+weights named in ``prepared/<model>.json``), so nothing leaks. The last line is one JSON object.
+
+    python bench/online_finetune.py --work bench/work --budget 480
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# (name, epochs, lr): today's default first.
+SETTINGS = [
+    ("epochs4_lr3e-4", 4, 3e-4),
+    ("epochs16_lr3e-4", 16, 3e-4),
+    ("epochs4_lr1e-3", 4, 1e-3),
+    ("epochs16_lr1e-3", 16, 1e-3),
+    ("epochs32_lr1e-3", 32, 1e-3),
+    ("none", 0, 0.0),
+]
+
+
+def batches_of(db_dir: Path, target: Any) -> list[Any]:
+    """A run's measured batches in commit order, featurized: [WorkloadData] (one workload
+    each). A batch is a maximal run of consecutive records of one workload, cut at 64."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.costmodel.featurize import from_records
+
+    database = ms.database.JSONDatabase(
+        path_workload=str(db_dir / "database_workload.json"),
+        path_tuning_record=str(db_dir / "database_tuning_record.json"),
+        allow_missing=False,
+    )
+    records = list(database.get_all_tuning_records())
+    chunks: list[list[Any]] = []
+    last = None
+    for record in records:
+        key = tvm_ffi.structural_hash(record.workload.mod)
+        if key != last or len(chunks[-1]) >= 64:
+            chunks.append([])
+        chunks[-1].append(record)
+        last = key
+    out = []
+    for chunk in chunks:
+        out.extend(from_records(chunk, target))
+    return out
+
+
+def cached_batches(db_dir: Path, target: Any) -> list[Any]:
+    """``batches_of``, featurized once per run (replaying traces is most of the time): kept
+    beside the run's database, keyed by the record file's size and mtime."""
+    import torch
+
+    from gradtune.costmodel.featurize import WorkloadData
+
+    records = db_dir / "database_tuning_record.json"
+    stamp = [records.stat().st_size, records.stat().st_mtime_ns]
+    cache = db_dir.parent / "replay_features.pt"
+    if cache.is_file():
+        blob = torch.load(cache, weights_only=False)
+        if blob.get("stamp") == stamp:
+            return [WorkloadData(b["key"], None, "", None, [], *b["data"]) for b in blob["batches"]]
+    batches = batches_of(db_dir, target)
+    kept = [{"key": b.key, "data": (b.latencies, b.symbolic)} for b in batches]
+    torch.save({"stamp": stamp, "batches": kept}, cache)
+    return batches
+
+
+def replay(batches: list[Any], weights: Path, epochs: int, lr: float) -> list[dict[str, float]]:
+    from gradtune.costmodel import model as mlp
+    from gradtune.costmodel.online import OnlineCostModel
+    from gradtune.costmodel.train import predict, spearman
+
+    online = OnlineCostModel(mlp.load(weights), str(weights), epochs=epochs, lr=lr)
+    rows = []
+    for data in batches:
+        latencies = np.asarray(data.latencies)
+        if len(latencies) >= 3:
+            scores = predict(online.model, data.symbolic)
+            top = int(np.argmax(scores))
+            rho = spearman(scores, -latencies)
+            rows.append(
+                {
+                    "spearman": 0.0 if math.isnan(rho) else rho,
+                    "regret": float(latencies[top] / latencies.min()),
+                }
+            )
+        start = time.perf_counter()
+        if epochs > 0:
+            online.observe(data.key, list(data.symbolic), list(latencies))
+        if rows:
+            rows[-1].setdefault("finetune_s", time.perf_counter() - start)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work")
+    parser.add_argument("--budget", type=int, default=480, help="whose runs to replay")
+    parser.add_argument("--models", nargs="+", default=["mbconv_se", "unet_small", "bert_block"])
+    args = parser.parse_args()
+
+    from gradtune.target import make_target
+
+    base = args.work / f"{args.budget}s"
+    if not base.is_dir():
+        print(f"online_finetune: error: no benchmark runs under {base}", file=sys.stderr)
+        return 2
+    runs = []  # (model, run id, batches, weights)
+    for model in args.models:
+        prepared = base / "prepared" / f"{model}.json"
+        if not prepared.is_file():
+            print(f"{model}: not prepared under {base}, skipped", file=sys.stderr)
+            continue
+        info = json.loads(prepared.read_text())
+        target = make_target(info["target"])
+        for run in sorted((base / "runs" / model).glob("*-r*")):
+            db = run / "db"
+            if not (run / "result.json").is_file() or not (db / "database_workload.json").is_file():
+                continue
+            batches = cached_batches(db, target)
+            runs.append((model, run.name, batches, Path(info["weights"])))
+            print(f"{model}/{run.name}: {len(batches)} batches", file=sys.stderr)
+    if not runs:
+        print(f"online_finetune: error: no finished runs under {base}", file=sys.stderr)
+        return 2
+    results = {}
+    print(f"{'setting':<18} {'spearman':>9} {'top1_regret':>12} {'finetune_ms':>12} {'batches':>8}")
+    for name, epochs, lr in SETTINGS:
+        rows = []
+        for _, _, batches, weights in runs:
+            rows += replay(batches, weights, epochs, lr)
+        regret = np.exp(np.mean([np.log(r["regret"]) for r in rows]))
+        finetune_ms = 1e3 * np.mean([r.get("finetune_s", 0.0) for r in rows])
+        result = {
+            "epochs": epochs,
+            "lr": lr,
+            "spearman_median": round(float(np.median([r["spearman"] for r in rows])), 3),
+            "top1_regret_geomean": round(float(regret), 3),
+            "finetune_ms_mean": round(float(finetune_ms), 1),
+            "batches": len(rows),
+        }
+        results[name] = result
+        print(
+            f"{name:<18} {result['spearman_median']:>9.3f} {result['top1_regret_geomean']:>12.3f}"
+            f" {result['finetune_ms_mean']:>12.1f} {result['batches']:>8}"
+        )
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
+    ).stdout.strip()
+    runs_desc = sorted({f"{m}/{r}" for m, r, _, _ in runs})
+    summary = {"commit": commit, "budget": args.budget, "runs": runs_desc, "settings": results}
+    print(json.dumps(summary))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

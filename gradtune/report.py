@@ -12,8 +12,12 @@ from .search.session import RoundLog
 
 
 def task_table_rows(
-    tasks: list[TuningTask], best_us: dict[str, float] | None = None
+    tasks: list[TuningTask],
+    best_us: dict[str, float] | None = None,
+    defaults: frozenset[str] | set[str] = frozenset(),
 ) -> list[list[str]]:
+    """Rows of the task table; with ``best_us`` a tuned column, in which a task whose default
+    schedule stayed fastest (``defaults``) is marked: it compiles untuned."""
     total = sum(t.untuned_total_us for t in tasks if math.isfinite(t.untuned_us)) or math.nan
     rows = []
     for t in tasks:
@@ -28,7 +32,8 @@ def task_table_rows(
         ]
         if best_us is not None:
             best = best_us.get(t.name, math.nan)
-            row.append(f"{best:.1f}" if math.isfinite(best) else "-")
+            cell = f"{best:.1f}" if math.isfinite(best) else "-"
+            row.append(f"{cell} (default kept)" if t.name in defaults else cell)
         rows.append(row)
     return rows
 
@@ -72,7 +77,8 @@ def write_report(
     png = plot_progress(rounds, untuned_kernels, out_dir / "tuning_curve.png", title)
     header = [*TASK_HEADER, "tuned µs"]
     table = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    table += ["| " + " | ".join(r) + " |" for r in task_table_rows(tasks, best_us)]
+    defaults = set(summary.get("default_schedule_tasks", []))
+    table += ["| " + " | ".join(r) + " |" for r in task_table_rows(tasks, best_us, defaults)]
     lines = [
         f"# gradtune report: {summary['model']}",
         "",
@@ -93,6 +99,9 @@ def write_report(
         f"Numerics: max abs error vs {summary['reference']} {summary['max_abs_err']:.3g}.",
         "",
         "## Tasks",
+        "",
+        "Each task's default schedule is measured like every candidate; where none beat it, the"
+        " default is compiled in (marked 'default kept').",
         "",
         *table,
         "",

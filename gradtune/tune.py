@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GradtuneError
+from .measure.baseline import kept_defaults, measure_defaults
 from .measure.builder import make_builder
 from .measure.rpc_fleet import Tracker
 from .measure.runner import MeasureSettings, make_rpc_runner
@@ -42,6 +43,7 @@ class TuneResult:
     best_us: dict[str, float] = field(default_factory=dict)  # per task
     stopped_by_time_budget: bool = False
     search_summary: RunSummary | None = None  # the gradient search's run totals
+    default_kept: list[str] = field(default_factory=list)  # tasks no searched program beat
 
 
 def run_database(work_dir: Path):
@@ -261,22 +263,29 @@ def tune(
         *ms.measure_callback.MeasureCallback.create("default"),
         _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),
     ]
+    builder = make_builder(max_workers=cores)
     runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
     interrupted, restore_sigint = watch_sigint(on_interrupt=session.stop.set)
     try:
-        ms.tune_tasks(
-            tasks=contexts,
-            task_weights=[float(t.weight) for t in tasks],
-            work_dir=str(work_dir),
-            max_trials_global=remaining,
-            num_trials_per_iter=trials_per_round,
-            builder=make_builder(max_workers=cores),
-            runner=runner,
-            database=database,
-            cost_model="xgb",
-            measure_callbacks=callbacks,
-            task_scheduler="gradient",
-        )
+        # Measured like every candidate, each task's default schedule is what the search must
+        # beat; the database then never hands the compiler a slower program.
+        defaults = measure_defaults(tasks, target, database, builder, runner)
+        result.trials += defaults
+        best_us.update(best_from_database(database, tasks))
+        if remaining > defaults:
+            ms.tune_tasks(
+                tasks=contexts,
+                task_weights=[float(t.weight) for t in tasks],
+                work_dir=str(work_dir),
+                max_trials_global=remaining - defaults,
+                num_trials_per_iter=trials_per_round,
+                builder=builder,
+                runner=runner,
+                database=database,
+                cost_model="xgb",
+                measure_callbacks=callbacks,
+                task_scheduler="gradient",
+            )
     except Exception:
         # TVM's FFI turns a KeyboardInterrupt raised inside the C++ scheduler's callbacks into a
         # bare RuntimeError; give the user back the interrupt they asked for.
@@ -290,4 +299,5 @@ def tune(
         raise KeyboardInterrupt
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary
+    result.default_kept = kept_defaults(database, tasks)
     return result

@@ -68,3 +68,43 @@ def test_ctrl_c_swallowed_inside_tvm_still_stops_the_run(tiny_model, llvm_target
              on_round=swallow_ctrl_c)  # fmt: skip
     assert 0 < count_records(run_database(tmp_path)) < 400
     assert signal.getsignal(signal.SIGINT) is before
+
+
+@pytest.mark.slow
+def test_default_schedules_are_measured_first_kept_on_resume_and_compile(
+    tiny_model, llvm_target, tmp_path
+):
+    """Every task's default schedule is a measured record before the search starts (so the
+    compiler never gets a program slower than untuned); a resumed run does not re-measure it;
+    a database of defaults only compiles to a model with the reference's outputs."""
+    from gradtune import compilation
+    from gradtune.measure.baseline import is_default
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.tune import tune
+
+    fused, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
+    with LocalFleet() as tracker:
+        first = tune(tasks, llvm_target, tmp_path, tracker, max_trials=len(tasks))
+    records = list(run_database(tmp_path).get_all_tuning_records())
+    assert first.trials == len(records) == len(tasks)
+    assert all(is_default(r) and r.run_secs for r in records)
+    assert sorted(first.default_kept) == sorted(t.name for t in tasks)
+    assert set(first.best_us) == {t.name for t in tasks}
+
+    exe = compilation.build(fused, llvm_target, run_database(tmp_path))
+    outputs = compilation.Runner(exe, llvm_target, tiny_model.inputs).outputs()
+    compilation.verify(outputs, tiny_model.reference_outputs, "defaults-only build")
+
+    with LocalFleet() as tracker:
+        again = tune(tasks, llvm_target, tmp_path, tracker, max_trials=len(tasks) + 4,
+                     trials_per_round=2)  # fmt: skip
+    records = list(run_database(tmp_path).get_all_tuning_records())
+    assert sum(is_default(r) for r in records) == len(tasks)  # none measured twice
+    assert again.resumed_trials == len(tasks) and len(records) == len(tasks) + again.trials
+    import tvm_ffi
+
+    defaults = {int(tvm_ffi.structural_hash(r.workload.mod)): r for r in records if is_default(r)}
+    for task in tasks:  # a task's best is never slower than the default it competed with
+        default = defaults[int(tvm_ffi.structural_hash(task.mod))]
+        median_us = 1e6 * sorted(float(s) for s in default.run_secs)[len(default.run_secs) // 2]
+        assert again.best_us[task.name] <= median_us

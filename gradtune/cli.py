@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
     pull.add_argument("ref", metavar="NAME@ALIAS")
     pull.add_argument("--out", required=True, help="directory to download into")
     pull.add_argument("--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"))
+    pull.add_argument(
+        "--allow-unverified",
+        action="store_true",
+        help="load a version registered without SHA-256 checksums (runs unverifiable code)",
+    )
 
     symbolic = sub.add_parser("symbolic", help="symbolic schedules and feature formulas")
     symbolic_sub = symbolic.add_subparsers(dest="symbolic_command", required=True)
@@ -158,7 +163,25 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     add_dataset_parser(sub)
+    add_register_parser(sub)
     return parser  # fmt: skip
+
+
+def add_register_parser(sub) -> None:
+    register = sub.add_parser(
+        "register", help="register a tuned output directory whose registration failed"
+    )
+    register.add_argument("out_dir", metavar="OUT_DIR", help="the tune's --out directory")
+    register.add_argument(
+        "--mlflow-uri", default=None, help="MLflow tracking URI (default: sqlite store in OUT_DIR)"
+    )
+
+
+def cmd_register(args: argparse.Namespace) -> int:
+    from .pipeline import print_summary, register_run_dir
+
+    print_summary(register_run_dir(Path(args.out_dir), args.mlflow_uri))
+    return 0
 
 
 # --------------------------------------------------------------------------- dataset
@@ -358,7 +381,7 @@ def cmd_pull(args: argparse.Namespace) -> int:
         check_tracking_uri(args.mlflow_uri, existing=True)
     from .registry import pull
 
-    info = pull(args.ref, Path(args.out), args.mlflow_uri)
+    info = pull(args.ref, Path(args.out), args.mlflow_uri, args.allow_unverified)
     print(json.dumps(info, indent=2))
     if not info["finite"]:
         raise GradtuneError(f"{args.ref} produced non-finite outputs")
@@ -434,6 +457,7 @@ def main(argv: list[str] | None = None) -> int:
             "symbolic": cmd_symbolic,
             "costmodel": cmd_costmodel,
             "dataset": cmd_dataset,
+            "register": cmd_register,
         }
         return commands[args.command](args)
     except GradtuneError as err:

@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import sys
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from . import compilation, registry, report
+from .errors import GradtuneError
 from .frontend import ImportedModel, fingerprint, load_model
 from .job import TuneJob, mark_out_dir
 from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
@@ -213,6 +215,15 @@ def registered_model_name(job: TuneJob) -> str:
     return f"gradtune-{stem}".replace("_", "-")
 
 
+class RegistrationFailed(GradtuneError):
+    """The tuned model could not be registered; its files are kept for ``gradtune register``.
+
+    Its own exit code tells a scheduler that the tuning itself succeeded.
+    """
+
+    exit_code = 3
+
+
 def report_and_register_stage(
     job: TuneJob,
     model: ImportedModel,
@@ -220,6 +231,7 @@ def report_and_register_stage(
     tuned: TuneResult,
     compiled: CompileResult,
 ) -> dict[str, Any]:
+    """Write the report, save what registering takes into the output directory, register."""
     mlflow_uri = job.mlflow_uri or registry.default_tracking_uri(job.out_dir)
     summary = run_summary(job, model, tasks, tuned, compiled, mlflow_uri)
     files = report.write_report(job.out_dir, summary, tasks, tuned.rounds, tuned.best_us)
@@ -259,27 +271,59 @@ def report_and_register_stage(
         k: summary[k]
         for k in ("untuned_ms", "tuned_ms", "reference_ms", "max_abs_err", "tuning_seconds")
     }
-    info = registry.register(
-        tracking_uri=mlflow_uri,
+    out = job.out_dir.resolve()
+    registry.Registration(
         registered_name=registered_model_name(job),
         alias=job.alias,
         params=params,
         round_metrics=rounds,
         final_metrics={**finals, "trials": float(tuned.trials)},
-        lib_path=compiled.lib_path,
-        database_files=sorted(job.out_dir.glob("database_*.json")),
-        report_files=files,
+        lib=compiled.lib_path.resolve().relative_to(out).as_posix(),
+        database_files=[p.name for p in sorted(out.glob("database_*.json"))],
+        report_files=[p.resolve().relative_to(out).as_posix() for p in files],
         io=registry.io_description(
             model.input_names, model.inputs, "cuda" if is_gpu(job.target) else "cpu"
         ),
-        work_dir=job.out_dir,
-    )
-    # Read last: the stages before this one finished seconds ago, long enough for Prefect to
-    # have recorded them.
-    summary.update(
-        run_id=info["run_id"], model_version=info["version"], stage_seconds=task_run_seconds()
-    )
-    (job.out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        summary=summary,
+    ).save(job.out_dir)
+    # Read after registering: the stages before this one finished seconds ago, long enough for
+    # Prefect to have recorded them.
+    return register_run_dir(job.out_dir, job.mlflow_uri, stage_seconds=task_run_seconds)
+
+
+def register_run_dir(
+    out_dir: Path, mlflow_uri: str | None, stage_seconds: Callable[[], dict] | None = None
+) -> dict[str, Any]:
+    """Register the run saved in ``out_dir`` (``registry.Registration``) at ``mlflow_uri`` (None:
+    the sqlite store in ``out_dir``) and write its ``summary.json``; returns the summary.
+
+    The tune's last stage and ``gradtune register OUT_DIR`` both end here. Any failure is one
+    ``RegistrationFailed`` line naming the command that registers the kept files later.
+    """
+    registration = registry.Registration.load(out_dir)
+    uri = mlflow_uri or registry.default_tracking_uri(out_dir)
+    try:
+        info = registry.register(registration, uri, out_dir)
+    except Exception as err:
+        later = f"gradtune register {out_dir}"
+        if mlflow_uri:
+            later += f" --mlflow-uri {redact_uri(mlflow_uri)}"
+        reason = str(getattr(err, "message", None) or err).strip().splitlines()
+        raise RegistrationFailed(
+            f"could not register the model in MLflow at {redact_uri(uri)} "
+            f"({reason[0] if reason else type(err).__name__}); the compiled model and tuning "
+            f"database are kept in {out_dir}; register them later with: {later}"
+        ) from err
+    summary = {
+        **registration.summary,
+        "registered": info["registered"],
+        "mlflow_uri": redact_uri(uri),  # shown and stored: never its credentials
+        "run_id": info["run_id"],
+        "model_version": info["version"],
+    }
+    if stage_seconds is not None:
+        summary["stage_seconds"] = stage_seconds()
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
     return summary
 
 

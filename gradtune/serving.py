@@ -3,8 +3,15 @@
 Self-contained on purpose (TVM, NumPy, MLflow only): MLflow copies this file into the model
 artifacts, so a deployment needs TVM but not gradtune. Input: an array, a list of arrays in
 input order, or ``{input name: array}``; output: an array, or a list for several outputs.
+
+Loading the library runs its code, so ``load_context`` first checks every artifact against
+the SHA-256 recorded at registration (the ``checksums`` artifact). That file sits in the same
+artifact store as the library: the check catches a swapped or corrupted library, not someone
+who rewrites the whole model directory (this file included). ``gradtune pull`` checks every
+file against the registry's tags instead, before MLflow loads anything.
 """
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -19,8 +26,33 @@ def _flatten(out: Any) -> list:
     return [array for item in out for array in _flatten(item)]
 
 
+class IntegrityError(RuntimeError):
+    """An artifact differs from what was registered; nothing of it was loaded."""
+
+
+def _sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def verify_artifacts(artifacts: dict[str, str]) -> None:
+    """Raise IntegrityError unless every artifact matches its digest in ``checksums``."""
+    if "checksums" not in artifacts:
+        raise IntegrityError("the model has no checksums artifact; refusing to load its library")
+    registered = json.loads(Path(artifacts["checksums"]).read_text())
+    for key, path in sorted(artifacts.items()):
+        if key != "checksums" and registered.get(key) != _sha256(path):
+            raise IntegrityError(
+                f"{Path(path).name} does not match its registered SHA-256; refusing to load it"
+            )
+
+
 class TVMRelaxModel(mlflow.pyfunc.PythonModel):
     def load_context(self, context) -> None:
+        verify_artifacts(context.artifacts)  # before load_module runs the library's code
         import tvm
         from tvm import relax
 

@@ -7,6 +7,7 @@ the run summary's ``stage_seconds`` quotes Prefect's times by those names.
 
 from prefect import task
 from prefect.cache_policies import NO_CACHE
+from prefect.tasks import exponential_backoff
 
 from gradtune import pipeline
 
@@ -29,12 +30,15 @@ tune_model_tasks = task(
 compile_model = task(
     pipeline.compile_stage, name="compile", task_run_name="compile", cache_policy=NO_CACHE
 )
-# A tracking server may blip; registering again is safe (a new run and model version).
+# A tracking server that blips or restarts: retried after about 4, 8 and 16 s. Retrying is
+# safe: a failed attempt leaves no model version, and the next one logs a new run. When all
+# fail, the files stay in the output directory for `gradtune register`.
 report_and_register = task(
     pipeline.report_and_register_stage,
     name="register",
     task_run_name="register",
     cache_policy=NO_CACHE,
-    retries=2,
-    retry_delay_seconds=5,
+    retries=3,
+    retry_delay_seconds=exponential_backoff(backoff_factor=4),
+    retry_jitter_factor=0.2,
 )

@@ -2,10 +2,15 @@
 
 MetaSchedule measures through ``RPCRunner`` by tracker key, so the same code path serves this
 machine (the default fleet) and a remote device (``--tracker host:port --key name``).
+
+A TVM RPC server loads and runs whatever library a client sends it: anyone who reaches its port
+runs code on this machine. So the fleet listens on the loopback interface, and any other
+address is refused unless ``allow_network`` says the network is trusted.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import signal
@@ -90,13 +95,31 @@ def check_tracker(tracker: Tracker) -> None:
         raise GradtuneError(f"{where} has no free server with key {tracker.key!r}")
 
 
+def check_fleet_host(host: str, allow_network: bool) -> None:
+    """Refuse, in one line, a fleet listening beyond this machine unless explicitly allowed."""
+    try:
+        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        loopback = False
+    if not loopback and not allow_network:
+        raise GradtuneError(
+            f"refusing to start RPC servers on {host}: they run any library sent to them; "
+            "bind 127.0.0.1, or allow_network=True on a trusted network only"
+        )
+
+
 @dataclass
 class LocalFleet:
-    """Context manager owning the tracker and server processes it starts."""
+    """Context manager owning the tracker and server processes it starts.
+
+    ``host`` is the address they listen on; one beyond loopback needs ``allow_network``.
+    """
 
     num_servers: int = 1
     key: str = "gradtune-local"
     startup_timeout: float = 60.0
+    host: str = "127.0.0.1"
+    allow_network: bool = False
     tracker: Tracker | None = None
     _procs: list[subprocess.Popen] = field(default_factory=list)
     _log_dir: str | None = None
@@ -133,17 +156,18 @@ class LocalFleet:
         return proc
 
     def start(self) -> None:
+        check_fleet_host(self.host, self.allow_network)
         port = free_port()
-        self.tracker = Tracker("127.0.0.1", port, self.key)
-        log.info("starting RPC tracker on 127.0.0.1:%d", port)
-        tracker_args = ["--host", "127.0.0.1", "--port", str(port), "--port-end", str(port + 1)]
+        self.tracker = Tracker(self.host, port, self.key)
+        log.info("starting RPC tracker on %s:%d", self.host, port)
+        tracker_args = ["--host", self.host, "--port", str(port), "--port-end", str(port + 1)]
         self._spawn(["tvm.exec.rpc_tracker", *tracker_args])
-        self._wait(lambda: _port_open(port), "RPC tracker did not start")
+        self._wait(lambda: _port_open(self.host, port), "RPC tracker did not start")
         for _ in range(self.num_servers):
             server_port = free_port()
-            server_args = ["--host", "127.0.0.1", "--port", str(server_port)]
+            server_args = ["--host", self.host, "--port", str(server_port)]
             server_args += ["--port-end", str(server_port + 1)]
-            server_args += ["--tracker", f"127.0.0.1:{port}", "--key", self.key]
+            server_args += ["--tracker", f"{self.host}:{port}", "--key", self.key]
             self._spawn(["tvm.exec.rpc_server", *server_args])
         # Registration takes seconds; measuring before it completes makes every trial fail.
         self._wait(
@@ -201,9 +225,9 @@ def _await_group_exit(pgid: int, grace: float = 5.0) -> None:
         pass
 
 
-def _port_open(port: int) -> bool:
+def _port_open(host: str, port: int) -> bool:
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+        with socket.create_connection((host, port), timeout=0.5):
             return True
     except OSError:
         return False

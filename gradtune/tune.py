@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GradtuneError
+from .measure.adaptive import MeasureCost, TaskBests, prim_func_signature
 from .measure.builder import make_builder
 from .measure.rpc_fleet import Tracker
 from .measure.runner import MeasureSettings, make_rpc_runner
@@ -42,6 +43,7 @@ class TuneResult:
     best_us: dict[str, float] = field(default_factory=dict)  # per task
     stopped_by_time_budget: bool = False
     search_summary: RunSummary | None = None  # the gradient search's run totals
+    measure_cost: MeasureCost = field(default_factory=MeasureCost)  # device time spent timing
 
 
 def run_database(work_dir: Path):
@@ -261,7 +263,11 @@ def tune(
         *ms.measure_callback.MeasureCallback.create("default"),
         _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),
     ]
-    runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
+    # The adaptive evaluator cuts a candidate far slower than its task's best so far.
+    task_best = TaskBests({t.name: prim_func_signature(t.mod) for t in tasks}, best_us)
+    runner = make_rpc_runner(
+        tracker, measure or MeasureSettings(), max_workers=num_rpc_workers, task_best=task_best
+    )
     interrupted, restore_sigint = watch_sigint(on_interrupt=session.stop.set)
     try:
         ms.tune_tasks(
@@ -290,4 +296,10 @@ def tune(
         raise KeyboardInterrupt
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary
+    result.measure_cost = cost = runner.cost()
+    if cost.unconverged:
+        log.warning(
+            "%d of %d candidates were timed to the cap without their CV settling: a noisy device",
+            cost.unconverged, cost.candidates,
+        )  # fmt: skip
     return result

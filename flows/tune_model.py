@@ -34,13 +34,14 @@ def tune_model(
     alias: str = "champion",
     rpc_servers: int = 1,
     seed: int = 0,
+    measure: str = "fixed",
 ) -> dict[str, Any]:
     """import → partition → tune over RPC → compile/verify/time → report + register."""
     job = make_job(
         target, model=model, entry=entry, input_shapes=input_shapes or {}, trials=trials,
         time_budget=time_budget, out=out, resume=resume, search=search, tracker=tracker,
         key=key, mlflow_uri=mlflow_uri, name=name, alias=alias, rpc_servers=rpc_servers,
-        seed=seed,
+        seed=seed, measure=measure,
     )  # fmt: skip
     imported = tuning.import_model(job)
     fused, tasks = tuning.partition_model(imported, job.target)

@@ -111,6 +111,12 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--name", default=None, help="registered model name")
     tune.add_argument("--alias", default="champion", help="registered model alias")
     tune.add_argument("--seed", type=int, default=0)
+    tune.add_argument(
+        "--measure",
+        default="fixed",
+        choices=["fixed", "adaptive"],
+        help="time candidates fixed (3 × 3 runs, ≥ 20 ms each) or adaptively (until stable)",
+    )
 
     pull = sub.add_parser("pull", help="download a registered model and run it once")
     pull.add_argument("ref", metavar="NAME@ALIAS")
@@ -362,6 +368,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         alias=args.alias,
         rpc_servers=args.rpc_servers,
         seed=args.seed,
+        measure=args.measure,
     )
     _prefect_defaults()
     tune_model = load_flow("tune_model")

@@ -53,6 +53,9 @@ class TuneJob:
         Servers of the local fleet (1 keeps measurements uncontended).
     seed : int, default 0
         Seed of the search.
+    measure : str, default "fixed"
+        How candidates are timed: "fixed" (number × repeat) or "adaptive" (until the CV of
+        micro-batches settles; ``measure/adaptive.py``).
     """
 
     model: str
@@ -71,6 +74,7 @@ class TuneJob:
     alias: str = "champion"
     rpc_servers: int = 1
     seed: int = 0
+    measure: str = "fixed"
 
     @property
     def out_dir(self) -> Path:
@@ -104,6 +108,7 @@ def validate(job: TuneJob) -> None:
     a framework (so a typo costs well under a second)."""
     from .frontend import check_model_file
     from .measure.rpc_fleet import parse_tracker
+    from .measure.runner import MEASURE_MODES
     from .search import SEARCH_STRATEGIES
 
     check_model_file(job.model, job.input_shapes)
@@ -116,6 +121,10 @@ def validate(job: TuneJob) -> None:
     if job.search not in SEARCH_STRATEGIES:
         raise GradtuneError(
             f"unknown --search {job.search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}"
+        )
+    if job.measure not in MEASURE_MODES:
+        raise GradtuneError(
+            f"unknown --measure {job.measure!r}; choose one of {', '.join(MEASURE_MODES)}"
         )
     if job.name is not None and not _NAME_RE.match(job.name):
         raise GradtuneError(f"--name {job.name!r}: use letters, digits, '.', '_' or '-'")

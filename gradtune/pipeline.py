@@ -25,6 +25,7 @@ from .errors import GradtuneError
 from .frontend import ImportedModel, fingerprint, load_model
 from .job import TuneJob, mark_out_dir
 from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
+from .measure.runner import MeasureSettings
 from .partition import TuningTask, partition
 from .redact import redact_uri
 from .search.session import RoundLog
@@ -122,6 +123,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             max_trials=job.trials,
             time_budget=job.time_budget,
             search=job.search,
+            measure=MeasureSettings(mode=job.measure),
             seed=job.seed,
             on_start=on_start,
             on_round=on_round,
@@ -190,6 +192,10 @@ def run_summary(
         "total_trials": tuned.trials + tuned.resumed_trials,
         "tuning_seconds": tuned.seconds,
         "stopped_by_time_budget": tuned.stopped_by_time_budget,
+        "measure": job.measure,
+        "measure_seconds": tuned.measure_cost.seconds,  # device time spent timing candidates
+        "kernel_runs": tuned.measure_cost.kernel_runs,
+        "measure_unconverged": tuned.measure_cost.unconverged,
         "untuned_ms": compiled.untuned_ms,
         "tuned_ms": compiled.tuned_ms,
         "reference": "PyTorch eager" if model.framework == "pytorch" else "ONNX Runtime",
@@ -263,7 +269,8 @@ def report_and_register_stage(
     search_params = asdict(tuned.search_summary) if tuned.search_summary is not None else {}
     params = {
         "model": job.model, "entry": job.entry, "framework": model.framework,
-        "target": job.target, "search": job.search, "trials_budget": job.trials,
+        "target": job.target, "search": job.search, "measure": job.measure,
+        "trials_budget": job.trials,
         "time_budget": job.time_budget, "tasks": len(tasks), "seed": job.seed,
         **{f"search_{k}": v for k, v in search_params.items()},
     }  # fmt: skip
@@ -271,6 +278,10 @@ def report_and_register_stage(
         k: summary[k]
         for k in ("untuned_ms", "tuned_ms", "reference_ms", "max_abs_err", "tuning_seconds")
     }
+    # MLflow's "measure_seconds" is already each round's build + RPC wall time.
+    finals.update(
+        device_measure_seconds=summary["measure_seconds"], kernel_runs=summary["kernel_runs"]
+    )
     out = job.out_dir.resolve()
     registry.Registration(
         registered_name=registered_model_name(job),

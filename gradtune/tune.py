@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GradtuneError
+from .measure.adaptive import MeasureCost, TaskBests, prim_func_signature
 from .measure.baseline import kept_defaults, measure_defaults
 from .measure.builder import make_builder
 from .measure.rpc_fleet import Tracker
@@ -44,6 +45,7 @@ class TuneResult:
     stopped_by_time_budget: bool = False
     search_summary: RunSummary | None = None  # the gradient search's run totals
     default_kept: list[str] = field(default_factory=list)  # tasks no searched program beat
+    measure_cost: MeasureCost = field(default_factory=MeasureCost)  # device time spent timing
 
 
 def run_database(work_dir: Path):
@@ -264,7 +266,11 @@ def tune(
         _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),
     ]
     builder = make_builder(max_workers=cores)
-    runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
+    # The adaptive evaluator cuts a candidate far slower than its task's best so far.
+    task_best = TaskBests({t.name: prim_func_signature(t.mod) for t in tasks}, best_us)
+    runner = make_rpc_runner(
+        tracker, measure or MeasureSettings(), max_workers=num_rpc_workers, task_best=task_best
+    )
     interrupted, restore_sigint = watch_sigint(on_interrupt=session.stop.set)
     try:
         # Measured like every candidate, each task's default schedule is what the search must
@@ -300,4 +306,10 @@ def tune(
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary
     result.default_kept = kept_defaults(database, tasks)
+    result.measure_cost = cost = runner.cost()
+    if cost.unconverged:
+        log.warning(
+            "%d of %d candidates were timed to the cap without their CV settling: a noisy device",
+            cost.unconverged, cost.candidates,
+        )  # fmt: skip
     return result

@@ -16,10 +16,20 @@ class MeasureSettings:
     min_repeat_ms: int = 20
     enable_cpu_cache_flush: bool = False
     session_timeout_sec: int = 60
+    mode: str = "fixed"  # or "adaptive" (measure/adaptive.py): number/repeat/min_repeat_ms unused
 
 
-def make_rpc_runner(tracker: Tracker, settings: MeasureSettings, max_workers: int = 1):
+MEASURE_MODES = ("fixed", "adaptive")
+
+
+def make_rpc_runner(
+    tracker: Tracker, settings: MeasureSettings, max_workers: int = 1, task_best=None
+):
+    """An RPCRunner timing with ``settings.mode``'s evaluator (``adaptive.MeasuredRunner``);
+    ``task_best``: the adaptive evaluator's task best so far (``adaptive.TaskBests``)."""
     from tvm.s_tir import meta_schedule as ms
+
+    from .adaptive import AdaptiveSettings, MeasuredRunner
 
     rpc_config = ms.runner.RPCConfig(
         tracker_host=tracker.host,
@@ -33,4 +43,5 @@ def make_rpc_runner(tracker: Tracker, settings: MeasureSettings, max_workers: in
         min_repeat_ms=settings.min_repeat_ms,
         enable_cpu_cache_flush=settings.enable_cpu_cache_flush,
     )
-    return ms.runner.RPCRunner(rpc_config, evaluator, max_workers=max_workers)
+    runner = ms.runner.RPCRunner(rpc_config, evaluator, max_workers=max_workers)
+    return MeasuredRunner(runner, settings.mode, AdaptiveSettings(), task_best)

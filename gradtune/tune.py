@@ -21,6 +21,7 @@ from typing import Any
 from .errors import GradtuneError
 from .measure.builder import make_builder
 from .measure.rpc_fleet import Tracker
+from .measure.rpc_session import DeviceWatch
 from .measure.runner import MeasureSettings, make_rpc_runner
 from .partition import TuningTask
 from .search import SEARCH_STRATEGIES, make_strategy
@@ -257,9 +258,11 @@ def tune(
         for i, task in enumerate(tasks)
     ]
     start = time.perf_counter()
+    devices = DeviceWatch(session.stop)
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
         _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),
+        devices,
     ]
     runner = make_rpc_runner(tracker, measure or MeasureSettings(), max_workers=num_rpc_workers)
     interrupted, restore_sigint = watch_sigint(on_interrupt=session.stop.set)
@@ -288,6 +291,7 @@ def tune(
         runner.pool.shutdown()
     if interrupted():  # swallowed on the way (see watch_sigint); the stop signal ended the run
         raise KeyboardInterrupt
+    devices.raise_if_lost()
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary
     return result

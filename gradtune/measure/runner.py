@@ -9,17 +9,37 @@ from .rpc_fleet import Tracker
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """How each candidate is timed on the device (recorded in every result)."""
+    """How each candidate is timed on the device (recorded in every result).
+
+    Parameters
+    ----------
+    number : int, default 3
+        Runs averaged into one measurement.
+    repeat : int, default 3
+        Measurements per candidate.
+    min_repeat_ms : int, default 20
+        Shortest duration of one measurement (TVM raises ``number`` to fill it).
+    enable_cpu_cache_flush : bool, default False
+        Flush the CPU caches before each measurement.
+    session_timeout_sec : int, default 60
+        Longest RPC session (one candidate's upload and timing); the server ends it then.
+    server_wait_sec : float, default 60.0
+        Longest time with no RPC server for the key registered with the tracker (or the
+        tracker unreachable) before the run stops, resumable, instead of waiting for one.
+    """
 
     number: int = 3
     repeat: int = 3
     min_repeat_ms: int = 20
     enable_cpu_cache_flush: bool = False
     session_timeout_sec: int = 60
+    server_wait_sec: float = 60.0
 
 
 def make_rpc_runner(tracker: Tracker, settings: MeasureSettings, max_workers: int = 1):
     from tvm.s_tir import meta_schedule as ms
+
+    from .rpc_session import BoundedSession
 
     rpc_config = ms.runner.RPCConfig(
         tracker_host=tracker.host,
@@ -33,4 +53,11 @@ def make_rpc_runner(tracker: Tracker, settings: MeasureSettings, max_workers: in
         min_repeat_ms=settings.min_repeat_ms,
         enable_cpu_cache_flush=settings.enable_cpu_cache_flush,
     )
-    return ms.runner.RPCRunner(rpc_config, evaluator, max_workers=max_workers)
+    return ms.runner.RPCRunner(
+        rpc_config,
+        evaluator,
+        # A session request the tracker cannot serve (no server left, the tracker gone) would
+        # otherwise wait forever.
+        f_create_session=BoundedSession(wait_sec=settings.server_wait_sec),
+        max_workers=max_workers,
+    )

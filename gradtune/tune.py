@@ -23,6 +23,7 @@ from .measure.adaptive import MeasureCost, TaskBests, prim_func_signature
 from .measure.baseline import kept_defaults, measure_defaults
 from .measure.builder import make_builder
 from .measure.rpc_fleet import Tracker
+from .measure.rpc_session import DeviceWatch
 from .measure.runner import MeasureSettings, make_rpc_runner
 from .partition import TuningTask
 from .search import SEARCH_STRATEGIES, make_strategy
@@ -261,9 +262,11 @@ def tune(
         for i, task in enumerate(tasks)
     ]
     start = time.perf_counter()
+    devices = DeviceWatch(session.stop)
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
         _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),
+        devices,
     ]
     builder = make_builder(max_workers=cores)
     # The adaptive evaluator cuts a candidate far slower than its task's best so far.
@@ -303,6 +306,7 @@ def tune(
         runner.pool.shutdown()
     if interrupted():  # swallowed on the way (see watch_sigint); the stop signal ended the run
         raise KeyboardInterrupt
+    devices.raise_if_lost()
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary
     result.default_kept = kept_defaults(database, tasks)

@@ -45,6 +45,7 @@ class Collector:
         settings: CollectSettings,
         stop: StopSignal | None = None,
     ):
+        from ..measure.rpc_session import DeviceWatch
         from ..measure.runner import MeasureSettings, make_rpc_runner
         from ..tvm_compat import register_tensor_intrinsics
 
@@ -58,6 +59,7 @@ class Collector:
         )
         self.builder = PooledBuilder(settings.builder_workers, settings.build_timeout_sec)
         self.runner = make_rpc_runner(tracker, self.measure, max_workers=settings.rpc_servers)
+        self.devices = DeviceWatch(self.stop)
 
     def close(self) -> None:
         self.runner.pool.shutdown()
@@ -150,6 +152,9 @@ class Collector:
                     continue
                 dry_batches = 0
                 results = self._measure(fresh)
+                # Lost devices say nothing of the candidates: stop before counting failures.
+                self.devices.note(results)
+                self.devices.raise_if_lost("rerun the same command to resume")
                 records = []
                 for cand, result in zip(fresh, results, strict=True):
                     if result.error_msg is None and result.run_secs:

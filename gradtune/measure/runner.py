@@ -9,14 +9,35 @@ from .rpc_fleet import Tracker
 
 @dataclass(frozen=True)
 class MeasureSettings:
-    """How each candidate is timed on the device (recorded in every result)."""
+    """How each candidate is timed on the device (recorded in every result).
+
+    Parameters
+    ----------
+    number : int, default 3
+        Runs averaged into one measurement.
+    repeat : int, default 3
+        Measurements per candidate.
+    min_repeat_ms : int, default 20
+        Shortest duration of one measurement (TVM raises ``number`` to fill it).
+    enable_cpu_cache_flush : bool, default False
+        Flush the CPU caches before each measurement.
+    session_timeout_sec : int, default 60
+        Longest RPC session (one candidate's upload and timing); the server ends it then.
+    server_wait_sec : float, default 60.0
+        Longest time with no RPC server for the key registered with the tracker (or the
+        tracker unreachable) before the run stops, resumable, instead of waiting for one.
+    mode : str, default "fixed"
+        ``fixed`` (TVM's evaluator with the settings above) or ``adaptive`` (micro-batches
+        until the timing settles, ``measure/adaptive.py``; number/repeat/min_repeat_ms unused).
+    """
 
     number: int = 3
     repeat: int = 3
     min_repeat_ms: int = 20
     enable_cpu_cache_flush: bool = False
     session_timeout_sec: int = 60
-    mode: str = "fixed"  # or "adaptive" (measure/adaptive.py): number/repeat/min_repeat_ms unused
+    server_wait_sec: float = 60.0
+    mode: str = "fixed"
 
 
 MEASURE_MODES = ("fixed", "adaptive")
@@ -30,6 +51,7 @@ def make_rpc_runner(
     from tvm.s_tir import meta_schedule as ms
 
     from .adaptive import AdaptiveSettings, MeasuredRunner
+    from .rpc_session import BoundedSession
 
     rpc_config = ms.runner.RPCConfig(
         tracker_host=tracker.host,
@@ -43,5 +65,12 @@ def make_rpc_runner(
         min_repeat_ms=settings.min_repeat_ms,
         enable_cpu_cache_flush=settings.enable_cpu_cache_flush,
     )
-    runner = ms.runner.RPCRunner(rpc_config, evaluator, max_workers=max_workers)
+    runner = ms.runner.RPCRunner(
+        rpc_config,
+        evaluator,
+        # A session request the tracker cannot serve (no server left, the tracker gone) would
+        # otherwise wait forever.
+        f_create_session=BoundedSession(wait_sec=settings.server_wait_sec),
+        max_workers=max_workers,
+    )
     return MeasuredRunner(runner, settings.mode, AdaptiveSettings(), task_best)

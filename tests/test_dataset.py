@@ -1,5 +1,6 @@
 """The TenSet-style dataset: zoo, collection over RPC (resumable), the loader's bad-input rules,
-the CLI, and DVC (fresh-clone pull from the in-repo remote; S3 round trip through moto)."""
+the hardware descriptor and each record's machine, the CLI, and DVC (fresh-clone pull from the
+in-repo remote; S3 round trip through moto)."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ import pytest
 import yaml
 
 from gradtune import zoo
+from gradtune.dataset import hardware
 from gradtune.dataset.card import dataset_summary
 from gradtune.dataset.collect import Collector, collect
+from gradtune.dataset.machines import MACHINES, load_record_machines
 from gradtune.dataset.settings import CollectSettings
 from gradtune.dataset.store import (
     RECORDS,
     WORKLOADS,
     DatasetStore,
     Skipped,
+    machine_counts,
     open_dataset,
     trace_key,
 )
@@ -141,6 +145,10 @@ def test_collect_writes_plain_jsondatabase_manifest_and_card(mini_dataset, tmp_p
         assert entry["records"] == 4 and entry["models"] == ["transformer_encoder"]
         assert entry["kernel_class"] and entry["flops"] > 0
     assert manifest["target"]["mcpu"] and manifest["hardware"]["logical_cores"] >= 1
+    # Every record is this host's, measuring for the manifest's target.
+    machine = manifest["hardware"]["id"]
+    assert manifest["hardware"]["target"] == manifest["target"]
+    assert load_record_machines(mini_dataset).per_line(8) == [machine] * 8
     assert manifest["measurement"]["repeat"] == MINI.repeat
     # Gunzipped, plain TVM reads the files: no gradtune in the loop.
     for name in (WORKLOADS, RECORDS):
@@ -363,6 +371,272 @@ def test_cli_dataset_info_and_errors(mini_dataset, tmp_path):
     ]
     bad_zoo = run_cli("dataset", "collect", "--zoo", str(tmp_path / "z.yaml"), timeout=120)
     assert bad_zoo.returncode == 2 and "zoo config not found" in bad_zoo.stderr
+
+
+# --------------------------------------------------------------------------- hardware
+
+
+def _sysfs_caches(cache: Path) -> dict[str, int]:
+    """L1d / L2 / L3 in KiB as this machine's sysfs states them (read independently)."""
+    out = {}
+    for index in cache.glob("index*"):
+        level, kind = (index / "level").read_text().strip(), (index / "type").read_text().strip()
+        size = (index / "size").read_text().strip()
+        assert size.endswith("K"), size
+        if kind != "Instruction":
+            out[{"1": "l1d_kb", "2": "l2_kb", "3": "l3_kb"}[level]] = int(size[:-1])
+    return out
+
+
+def test_descriptor_of_this_machine_reads_cpuinfo_and_sysfs_caches():
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    d = hardware.describe(target)
+    for name in (*hardware.ID_FIELDS, "memory_gb", "system", "id"):
+        assert name in d, name
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    first = cpuinfo.split("\n\n")[0]
+    fields = dict(line.split(":", 1) for line in first.splitlines() if ":" in line)
+    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    if "model name" in fields:
+        assert d["cpu_model"] == fields["model name"]
+    if "vendor_id" in fields:
+        assert d["vendor"] == fields["vendor_id"]
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
+    assert set(d["isa"]) == flags & hardware.CODEGEN_FLAGS
+    assert d["logical_cores"] == cpuinfo.count("processor\t:")
+    assert 1 <= d["physical_cores"] <= d["logical_cores"]
+    cache = Path("/sys/devices/system/cpu/cpu0/cache")
+    if cache.is_dir():
+        expected = _sysfs_caches(cache)
+        assert {k: v for k, v in d["caches"].items() if v is not None} == expected
+    assert d["target"] == target and d["devices"] is None
+    # Stable: the same machine and target, the same id; another target, another id.
+    assert hardware.describe(target)["id"] == d["id"] == hardware.machine_id(d)
+    assert len(d["id"]) == 12 and int(d["id"], 16) >= 0
+    assert hardware.describe({**target, "num-cores": 1})["id"] != d["id"]
+    json.dumps(d)  # it goes into JSON files
+
+
+ARM_CPUINFO = """processor\t: 0
+BogoMIPS\t: 50.00
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm \
+lrcpc dcpop asimddp ssbs sve i8mm bf16
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x1
+CPU part\t: 0xd40
+CPU revision\t: 1
+
+processor\t: 1
+Features\t: fp asimd
+CPU implementer\t: 0x41
+CPU part\t: 0xd40
+CPU revision\t: 1
+"""
+
+
+def _fake_cpu(root: Path, cpuinfo: str, caches: dict[str, tuple[str, str]], max_khz: str) -> None:
+    (root / "proc").mkdir(parents=True)
+    (root / "proc" / "cpuinfo").write_text(cpuinfo)
+    for i, (name, (kind, size)) in enumerate(caches.items()):
+        index = root / "sys" / "cpu0" / "cache" / f"index{i}"
+        index.mkdir(parents=True)
+        (index / "level").write_text(name[1] + "\n")
+        (index / "type").write_text(kind + "\n")
+        (index / "size").write_text(size + "\n")
+    if max_khz:
+        (root / "sys" / "cpu0" / "cpufreq").mkdir(parents=True)
+        (root / "sys" / "cpu0" / "cpufreq" / "cpuinfo_max_freq").write_text(max_khz + "\n")
+
+
+def test_descriptor_of_an_arm_machine_and_of_missing_files(tmp_path):
+    caches = {"L1i": ("Instruction", "64K"), "L1d": ("Data", "64K"), "L2": ("Unified", "1M"),
+              "L3": ("Unified", "32768K")}  # fmt: skip
+    _fake_cpu(tmp_path / "arm", ARM_CPUINFO, caches, "2600000")
+    arm = hardware.describe(None, tmp_path / "arm" / "proc", tmp_path / "arm" / "sys")
+    assert arm["vendor"] == "ARM" and arm["cpu_model"] == "Arm part 0xd40 rev 1"
+    assert arm["isa"] == ["asimd", "asimddp", "asimdhp", "bf16", "fphp", "i8mm", "sve"]
+    assert arm["caches"] == {"l1d_kb": 64, "l2_kb": 1024, "l3_kb": 32768}
+    assert arm["max_mhz"] == 2600 and arm["logical_cores"] == 2
+    assert "Arm part 0xd40" in hardware.short(arm) and "sve" in hardware.short(arm)
+
+    # Nothing readable (a container hiding /proc and /sys): fields unknown, never an error.
+    empty = hardware.describe(None, tmp_path / "nothing", tmp_path / "nothing")
+    assert empty["isa"] is None and empty["max_mhz"] is None
+    assert empty["caches"] == {"l1d_kb": None, "l2_kb": None, "l3_kb": None}
+    assert empty["logical_cores"] >= 1 and len(empty["id"]) == 12
+    # Garbage in the files reads as unknown too.
+    _fake_cpu(tmp_path / "bad", "no colon here\n", {"L2": ("Unified", "lots")}, "fast")
+    bad = hardware.describe(None, tmp_path / "bad" / "proc", tmp_path / "bad" / "sys")
+    assert bad["caches"]["l2_kb"] is None and bad["max_mhz"] is None and bad["isa"] is None
+
+    # The id follows what changes performance, not memory or the OS.
+    assert hardware.machine_id({**arm, "memory_gb": 1.0, "system": "Other 1"}) == arm["id"]
+    assert hardware.machine_id({**arm, "isa": ["asimd"]}) != arm["id"]
+    assert hardware.machine_id({**arm, "caches": {**arm["caches"], "l2_kb": 512}}) != arm["id"]
+
+
+def test_old_manifest_hardware_becomes_a_descriptor_with_unknown_isa():
+    old = {"cpu_model": "AMD EPYC", "physical_cores": 2, "logical_cores": 2, "memory_gb": 23.5,
+           "machine": "x86_64", "system": "Linux 6.1"}  # fmt: skip
+    target = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+    legacy = hardware.from_manifest(old, target)
+    assert legacy["isa"] is None and legacy["caches"] is None and legacy["target"] == target
+    assert legacy["cpu_model"] == "AMD EPYC" and legacy["memory_gb"] == 23.5
+    assert legacy["id"] == hardware.from_manifest(dict(old), dict(target))["id"]
+    assert hardware.isa_signature(legacy) is None
+    new = hardware.describe(target)
+    assert hardware.from_manifest(new, target) == new  # a new descriptor comes back as it is
+
+
+# --------------------------------------------------------------------------- each record's machine
+
+
+@pytest.fixture(scope="module")
+def matmul():
+    """A real workload and three of its MetaSchedule sketches, as a collection samples them."""
+    import tvm
+    from tvm import te
+
+    from gradtune.costmodel.featurize import make_context
+    from gradtune.target import make_target, parse_target
+
+    target_config = parse_target(None)
+    target = make_target(target_config)
+    a, b = te.placeholder((32, 32), name="A"), te.placeholder((32, 32), name="B")
+    k = te.reduce_axis((0, 32), name="k")
+    c = te.compute((32, 32), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    sketches = make_context(mod, target).space_generator.generate_design_space(mod)
+    return mod, target_config, target, sketches
+
+
+def _session(data: Path, matmul, machine: dict, latencies: list[float], scratch: Path) -> None:
+    """One collection session: open the store as ``machine``, commit one record per latency."""
+    from tvm.s_tir import meta_schedule as ms
+
+    mod, target_config, target, sketches = matmul
+    store = DatasetStore(data, target_config, scratch=scratch, machine=machine)
+    workload = store.workload(mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    records = [
+        ms.database.TuningRecord(sketches[i % len(sketches)].trace, workload, [t], target, args)
+        for i, t in enumerate(latencies)
+    ]
+    store.commit("matmul", records)
+
+
+def _machine(name: str, target: dict, isa: list[str]) -> dict:
+    d = {**hardware.describe(target), "cpu_model": name, "isa": isa}
+    return {**d, "id": hardware.machine_id(d)}
+
+
+def test_each_record_knows_its_machine_across_sessions(matmul, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADTUNE_CACHE", str(tmp_path / "cache"))
+    target_config = matmul[1]
+    a = _machine("CPU A", target_config, ["avx2", "fma"])
+    b = _machine("CPU B", target_config, ["avx2", "fma"])
+    data = tmp_path / "data"
+    _session(data, matmul, a, [1e-3, 2e-3, 3e-3], tmp_path / "s1")
+    # A corrupt line in A's range and a torn tail: B's session drops both, renumbering lines.
+    with open(data / f"{RECORDS}.gz", "ab") as f:
+        f.write(gzip.compress(b"this is not a record\n"))
+        f.write(gzip.compress(b'[0, [[["x"]]]]\n' * 50)[:40])
+    _session(data, matmul, b, [4e-3, 5e-3], tmp_path / "s2")
+
+    assert len(_lines(data / f"{RECORDS}.gz")) == 5
+    attribution = load_record_machines(data)
+    assert attribution.per_line(5) == [a["id"]] * 3 + [b["id"]] * 2
+    raw = json.loads((data / MACHINES).read_text())
+    assert raw["ranges"] == [[0, 2, a["id"]], [3, None, b["id"]]]
+    assert raw["machines"][a["id"]]["cpu_model"] == "CPU A"
+
+    def latencies(db) -> list[float]:
+        return sorted(float(r.run_secs[0]) for r in db.get_all_tuning_records())
+
+    assert machine_counts(data, target_config) == {a["id"]: 3, b["id"]: 2}
+    assert latencies(open_dataset(data, target_config, machines=[a["id"]])) == [1e-3, 2e-3, 3e-3]
+    assert latencies(open_dataset(data, target_config, machines=[b["id"]])) == [4e-3, 5e-3]
+    assert len(latencies(open_dataset(data, target_config))) == 5
+    summary = dataset_summary(data)["machines"]
+    assert {m: e["records"] for m, e in summary.items()} == {a["id"]: 3, b["id"]: 2}
+
+    # A third session by A again: the earlier lines keep their machines.
+    _session(data, matmul, a, [6e-3], tmp_path / "s3")
+    assert load_record_machines(data).per_line(6) == [a["id"]] * 3 + [b["id"]] * 2 + [a["id"]]
+
+    # Collecting for another target into this directory is refused, and nothing is touched.
+    before = {p.name: p.read_bytes() for p in data.iterdir()}
+    with pytest.raises(GradtuneError, match="another target.*another directory"):
+        DatasetStore(data, {**target_config, "num-cores": 99}, scratch=tmp_path / "s4")
+    assert {p.name: p.read_bytes() for p in data.iterdir()} == before
+
+
+def test_dataset_without_ranges_belongs_to_the_manifest_hardware(matmul, tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADTUNE_CACHE", str(tmp_path / "cache"))
+    target_config = matmul[1]
+    data = tmp_path / "data"
+    _session(data, matmul, hardware.describe(target_config), [1e-3, 2e-3], tmp_path / "s1")
+    # What a dataset collected before per-record machines looks like: no sidecar, and the
+    # manifest's hardware in its old form.
+    (data / MACHINES).unlink()
+    old = {"cpu_model": "Old CPU", "physical_cores": 2, "logical_cores": 2, "memory_gb": 8.0,
+           "machine": "x86_64", "system": "Linux 5"}  # fmt: skip
+    (data / "manifest.json").write_text(json.dumps({"target": target_config, "hardware": old}))
+    legacy = hardware.from_manifest(old, target_config)
+    assert load_record_machines(data).per_line(2) == [legacy["id"]] * 2
+    assert machine_counts(data, target_config) == {legacy["id"]: 2}
+    machines = dataset_summary(data)["machines"]
+    assert machines[legacy["id"]]["descriptor"]["cpu_model"] == "Old CPU"
+
+    # The next session keeps the old records' descriptor though the manifest moves on.
+    new = hardware.describe(target_config)
+    _session(data, matmul, new, [3e-3], tmp_path / "s2")
+    (data / "manifest.json").write_text(json.dumps({"target": target_config, "hardware": new}))
+    attribution = load_record_machines(data)
+    assert attribution.per_line(3) == [legacy["id"]] * 2 + [new["id"]]
+    assert attribution.descriptor(legacy["id"])["cpu_model"] == "Old CPU"
+
+
+def test_a_malformed_record_machines_file_is_a_one_line_error(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    machine = hardware.describe(None)
+    cases = {
+        "not json": "{",
+        "overlap": {"machines": {machine["id"]: machine}, "ranges": [[0, 5, machine["id"]],
+                                                                    [3, None, machine["id"]]]},
+        "unknown id": {"machines": {}, "ranges": [[0, None, "abc"]]},
+        "open inside": {"machines": {machine["id"]: machine}, "ranges": [[0, None, machine["id"]],
+                                                                        [4, 6, machine["id"]]]},
+    }  # fmt: skip
+    for name, body in cases.items():
+        (data / MACHINES).write_text(body if isinstance(body, str) else json.dumps(body))
+        with pytest.raises(GradtuneError, match=MACHINES) as err:
+            load_record_machines(data)
+        assert "\n" not in str(err.value), name
+
+
+def test_featurize_writes_each_groups_machine(matmul, tmp_path, monkeypatch):
+    import torch
+
+    from gradtune.costmodel.featurize import featurize_dataset
+
+    monkeypatch.setenv("GRADTUNE_CACHE", str(tmp_path / "cache"))
+    target_config = matmul[1]
+    a = _machine("CPU A", target_config, ["avx2", "fma"])
+    b = _machine("CPU B", target_config, ["avx512f", "avx2", "fma"])
+    data = tmp_path / "data"
+    _session(data, matmul, a, [1e-3, 2e-3, 3e-3], tmp_path / "s1")
+    _session(data, matmul, b, [4e-3, 5e-3], tmp_path / "s2")
+    (data / "manifest.json").write_text(json.dumps({"target": target_config, "hardware": b}))
+    summary = featurize_dataset(data, tmp_path / "features.pt")
+    assert summary["machines"] == {a["id"]: 3, b["id"]: 2} and summary["workloads"] == 2
+    blob = torch.load(tmp_path / "features.pt", weights_only=False)
+    assert set(blob["machines"]) == {a["id"], b["id"]}
+    assert blob["machines"][b["id"]]["isa"] == ["avx512f", "avx2", "fma"]
+    groups = {w["machine"]: sorted(w["latencies"]) for w in blob["workloads"]}
+    assert groups == {a["id"]: [1e-3, 2e-3, 3e-3], b["id"]: [4e-3, 5e-3]}
 
 
 # --------------------------------------------------------------------------- DVC

@@ -1,6 +1,7 @@
 """Cost-model pretraining on real measured records: a slice of the repo's DVC dataset;
 featurize → pretrain → MLflow champion on a real tracking server → the tuner loads it; the eval
-command; bad input skipped with a count, an empty dataset a clear error."""
+command; bad input skipped with a count, an empty dataset a clear error; which machines' records
+pretraining takes."""
 
 from __future__ import annotations
 
@@ -14,6 +15,9 @@ import torch
 
 from gradtune.costmodel import online
 from gradtune.costmodel.model import load
+from gradtune.costmodel.pretrain import load_groups, pretrain
+from gradtune.dataset import hardware
+from gradtune.errors import GradtuneError
 from tests.conftest import ROOT, run_cli
 
 DATA = ROOT / "data"
@@ -159,3 +163,109 @@ def test_empty_or_missing_dataset_is_a_clear_error(tmp_path):
         err = result.stderr.strip().splitlines()
         assert err[-1].startswith("gradtune: error:"), result.stderr[-2000:]
         assert not (tmp_path / "w.pt").exists()
+
+
+# --------------------------------------------------------------------------- machines
+
+TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
+
+
+def _machine(name: str, isa: list[str] | None, target: dict = TARGET) -> dict:
+    d = {"cpu_model": name, "vendor": "AuthenticAMD", "machine": "x86_64", "isa": isa,
+         "caches": {"l1d_kb": 32, "l2_kb": 1024, "l3_kb": 32768}, "physical_cores": 2,
+         "logical_cores": 2, "max_mhz": None, "target": target, "devices": None}  # fmt: skip
+    return {**d, "id": hardware.machine_id(d)}
+
+
+def _features(path: Path, machines: list[dict], per_machine: int = 2) -> Path:
+    """A features file as featurize_dataset writes it: groups of one workload per machine."""
+    gen = torch.Generator().manual_seed(0)
+    workloads = [
+        {
+            "key": f"w{i}",
+            "family": "matmul",
+            "models": ["m"],
+            "machine": m["id"],
+            "latencies": [1e-3 * (j + 1) for j in range(4)],
+            "programs": [torch.rand(3, 164, generator=gen) for _ in range(4)],
+        }  # fmt: skip
+        for m in machines
+        for i in range(per_machine)
+    ]
+    blob = {
+        "target": TARGET,
+        "records": 4 * len(workloads),
+        "machines": {m["id"]: m for m in machines},
+        "workloads": workloads,
+    }
+    torch.save(blob, path)
+    return path
+
+
+def test_pretraining_takes_the_targets_machines_and_refuses_mixed_isa(tmp_path):
+    avx2 = _machine("Zen 2", ["avx", "avx2", "fma"])
+    avx2_again = _machine("Zen 2 in another VM", ["avx", "avx2", "fma"])
+    avx512 = _machine("Zen 4", ["avx", "avx2", "avx512f", "fma"])
+    legacy = hardware.from_manifest({"cpu_model": "old", "physical_cores": 2}, TARGET)
+    other_target = _machine("Skylake", ["avx", "avx2", "fma"], {**TARGET, "mcpu": "skylake"})
+
+    # Same ISA (and a machine whose flags were never recorded): the default takes them all,
+    # but not a machine that measured for another target.
+    same = _features(tmp_path / "same.pt", [avx2, avx2_again, legacy, other_target])
+    groups, meta = load_groups(same)
+    assert len(groups) == 6
+    assert set(meta["machines"]) == {avx2["id"], avx2_again["id"], legacy["id"]}
+    groups, meta = load_groups(same, "all")
+    assert len(groups) == 8 and len(meta["machines"]) == 4
+
+    # Different ISA flags for the same target: refused unless asked, naming both machines.
+    mixed = _features(tmp_path / "mixed.pt", [avx2, avx512])
+    with pytest.raises(GradtuneError, match="different ISA flags") as err:
+        load_groups(mixed)
+    assert avx2["id"] in str(err.value) and avx512["id"] in str(err.value)
+    assert len(load_groups(mixed, "all")[0]) == 4
+    groups, meta = load_groups(mixed, avx512["id"])
+    assert len(groups) == 2 and list(meta["machines"]) == [avx512["id"]]
+    assert len(load_groups(mixed, f"{avx2['id']}, {avx512['id']}")[0]) == 4
+    with pytest.raises(GradtuneError, match="unknown machine"):
+        load_groups(mixed, "0123456789ab")
+
+    # The weights' provenance names the machines they were trained on.
+    info, _ = pretrain(mixed, tmp_path / "w.pt", epochs=1, machines=avx2["id"])
+    assert list(info["machines"]) == [avx2["id"]] and info["records"] == 8
+    saved = json.loads((tmp_path / "w.json").read_text())
+    assert saved["machines"][avx2["id"]]["isa"] == ["avx", "avx2", "fma"]
+    with pytest.raises(GradtuneError, match="different ISA flags"):
+        pretrain(mixed, tmp_path / "w2.pt", epochs=1)
+    assert not (tmp_path / "w2.pt").exists()
+
+
+def test_features_without_machines_train_as_one_machine(tmp_path):
+    path = _features(tmp_path / "old.pt", [_machine("a", ["avx2"])])
+    blob = torch.load(path, weights_only=False)
+    del blob["machines"]
+    for w in blob["workloads"]:
+        del w["machine"]
+    torch.save(blob, path)
+    assert len(load_groups(path)[0]) == 2 and len(load_groups(path, "all")[0]) == 2
+    with pytest.raises(GradtuneError, match="featurize again"):
+        load_groups(path, "abc")
+
+
+def test_dvc_stage_takes_machines_from_params_or_flag(tmp_path, capsys):
+    import yaml
+
+    from costmodel_training.pretrain import main
+
+    mixed = _features(tmp_path / "mixed.pt", [_machine("a", ["avx2"]), _machine("b", ["avx512f"])])
+    params = yaml.safe_load((ROOT / "params.yaml").read_text())
+    assert params["pretrain"]["machines"] == "target"
+    params["pretrain"].update(features=str(mixed), weights=str(tmp_path / "w.pt"), epochs=1)
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump(params))
+    assert main(["--params", str(path)]) == 2
+    assert "different ISA flags" in capsys.readouterr().err
+    assert not (tmp_path / "w.pt").exists()
+    assert main(["--params", str(path), "--machines", "all"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(out["machines"]) == 2 and out["workloads"] == 4

@@ -5,7 +5,9 @@ MetaSchedule does before measuring) and featurized twice: gradtune's *symbolic* 
 their smooth form at the record's integer decisions (the function the gradient search
 differentiates), and TVM's ``PerStoreFeature`` for the peers. A record that no longer applies
 is skipped and counted, never fatal. ``featurize_dataset`` does this for every record of a
-dataset and writes the symbolic features to the file pretraining reads (``pretrain.py``).
+dataset and writes the symbolic features to the file pretraining reads (``pretrain.py``), one
+group per workload and measuring machine: latencies of one program on two CPUs are two facts,
+and a ranking within a group must compare like with like.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ import numpy as np
 import torch
 
 from gradtune.dataset.card import load_manifest
-from gradtune.dataset.store import Skipped, open_dataset
+from gradtune.dataset.machines import load_record_machines
+from gradtune.dataset.store import Skipped, machine_counts, open_dataset
 from gradtune.errors import GradtuneError
 from gradtune.partition import module_kernel_class, operator_family
 from gradtune.symbolic.features import evaluate
@@ -39,6 +42,7 @@ class WorkloadData:
     schedules: list[Any] = field(default_factory=list)
     latencies: list[float] = field(default_factory=list)
     symbolic: list[torch.Tensor] = field(default_factory=list)
+    machine: str = ""  # id of the machine that measured the latencies (dataset.machines)
 
 
 def replay(mod: Any, trace: Any, postprocs: list[Any]) -> Any | None:
@@ -77,11 +81,13 @@ def from_records(
     skipped: Skipped | None = None,
     kernel_classes: dict[str, str] | None = None,
     progress=None,
+    machine: str = "",
 ) -> list[WorkloadData]:
     """Group ``ms.database.TuningRecord``s by workload and featurize them.
 
     ``kernel_classes`` maps workload keys to kernel classes (the manifest's); a workload not
-    in it is classified by its block names."""
+    in it is classified by its block names. ``machine`` is the id of the machine that
+    measured every one of ``records``; the groups carry it."""
     import tvm_ffi
 
     skipped = skipped if skipped is not None else Skipped()
@@ -102,7 +108,7 @@ def from_records(
             # metrics need several workloads per row.
             kernel_class = (kernel_classes or {}).get(key) or module_kernel_class(mod)
             family = operator_family(kernel_class)
-            by_key[key] = WorkloadData(key, mod, family, context)
+            by_key[key] = WorkloadData(key, mod, family, context, machine=machine)
         data = by_key[key]
         try:
             sch = replay(mod, record.trace, list(data.context.space_generator.postprocs))
@@ -124,10 +130,12 @@ def featurize_dataset(
 ) -> dict[str, Any]:
     """Featurize every record of the dataset ``data_dir`` into the torch file ``out``.
 
-    The file holds the target, counts, and per workload with two or more usable records its
-    key, family, zoo models, latencies and symbolic features. It is written whole (never half a
-    file where the next stage reads). Returns its summary: records, seconds, skipped (load and
-    replay counts, the first reason) and the number of workloads.
+    The file holds the target, counts, the descriptor of every machine whose records it holds
+    (``machines``, by id), and per workload and machine with two or more usable records its
+    key, family, zoo models, machine id, latencies and symbolic features. It is written whole
+    (never half a file where the next stage reads). Returns its summary: records, seconds,
+    skipped (load and replay counts, the first reason), the number of workloads (groups) and
+    the records per machine.
     """
     from rich.progress import Progress
 
@@ -140,21 +148,25 @@ def featurize_dataset(
     target_config = target_config or manifest.get("target")
     if not target_config:
         raise GradtuneError(f"{data_dir}: no manifest.json naming the dataset's target")
+    attribution = load_record_machines(data_dir)
     load_skipped = Skipped()
-    database = open_dataset(data_dir, target=target_config, skipped=load_skipped)
-    records = list(database.get_all_tuning_records())
+    by_machine = records_by_machine(data_dir, target_config, load_skipped)
     target = make_target(target_config)
     entries = manifest.get("workloads", {})
     families = {k: v.get("kernel_class", "") for k, v in entries.items()}
     skipped = Skipped()
     start = time.perf_counter()
+    groups: list[WorkloadData] = []
     with Progress(transient=True) as progress:
-        bar = progress.add_task("featurizing records", total=len(records))
-        groups = from_records(
-            records, target, skipped, families, progress=lambda: progress.advance(bar)
-        )
+        total = sum(len(records) for records in by_machine.values())
+        bar = progress.add_task("featurizing records", total=total)
+        for machine, records in by_machine.items():
+            groups += from_records(
+                records, target, skipped, families, lambda: progress.advance(bar), machine
+            )
     if not groups:
         raise GradtuneError(f"{data_dir}: no workload with two or more usable records")
+    used = sorted({g.machine for g in groups})
     result = {
         "target": target_config,
         "records": sum(len(g.latencies) for g in groups),
@@ -164,11 +176,13 @@ def featurize_dataset(
             "replay": skipped.count,
             "first_reason": load_skipped.first_reason or skipped.first_reason,
         },
+        "machines": {m: attribution.descriptor(m) for m in used},
         "workloads": [
             {
                 "key": g.key,
                 "family": g.family,
                 "models": entries.get(g.key, {}).get("models", []),
+                "machine": g.machine,
                 "latencies": list(g.latencies),
                 "programs": g.symbolic,
             }
@@ -180,4 +194,32 @@ def featurize_dataset(
     torch.save(result, partial)
     partial.replace(out)
     summary = {k: result[k] for k in ("records", "seconds", "skipped")}
-    return summary | {"workloads": len(result["workloads"])}
+    per_machine = {m: sum(len(g.latencies) for g in groups if g.machine == m) for m in used}
+    return summary | {"workloads": len(result["workloads"]), "machines": per_machine}
+
+
+def records_by_machine(
+    data_dir: Path, target_config: dict[str, Any], skipped: Skipped
+) -> dict[str, list[Any]]:
+    """The dataset's usable tuning records for ``target_config``, by the id of the machine
+    that measured them; ``skipped`` adds up the bad lines of all of them.
+
+    The dataset is read whole first (a caller's ``open_dataset`` cached the cleaned copy, or
+    this call does); measured by more than one machine, it is read again machine by machine:
+    TVM's JSONDatabase hands records back ordered by latency, not by line, so a machine is
+    chosen while reading, not found afterwards.
+    """
+    database = open_dataset(data_dir, target=target_config, skipped=skipped)
+    counts = machine_counts(data_dir, target_config)  # of the copy open_dataset just cached
+    if len(counts) <= 1:
+        machine = next(iter(counts), load_record_machines(data_dir).fallback["id"])
+        return {machine: list(database.get_all_tuning_records())}
+    skipped.count, skipped.reasons, skipped.first_reason = 0, {}, ""  # counted per machine below
+    out = {}
+    for machine in sorted(counts):
+        part = Skipped()
+        database = open_dataset(data_dir, target=target_config, skipped=part, machines=[machine])
+        out[machine] = list(database.get_all_tuning_records())
+        for kind, n in part.reasons.items():
+            skipped.add(kind, part.first_reason, n)
+    return out

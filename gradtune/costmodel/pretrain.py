@@ -6,6 +6,11 @@
 beside them; ``register_champion`` makes those weights ``gradtune-costmodel-<target>@champion``
 in an MLflow registry. The DVC stage ``pretrain`` and the Prefect flow ``pretrain-cost-model``
 both run these functions.
+
+Which machines' records it trains on is chosen by ``machines`` (``dataset.machines.
+select_machines``): by default those that measured for the features file's target, refused
+when their ISA flags differ; ``all``, or a list of machine ids, when asked. The provenance
+names the machines used.
 """
 
 from __future__ import annotations
@@ -24,23 +29,41 @@ import torch
 from gradtune.costmodel import champion
 from gradtune.costmodel.model import FelixMLP, save
 from gradtune.costmodel.train import Group, fit
+from gradtune.dataset.machines import select_machines
 from gradtune.errors import GradtuneError
 
 
-def load_groups(features: str | Path) -> tuple[list[Group], dict[str, Any]]:
-    """Training groups of a features file, and the file's metadata (target, counts)."""
+def load_groups(
+    features: str | Path, machines: str = "target"
+) -> tuple[list[Group], dict[str, Any]]:
+    """Training groups of a features file measured by the machines ``machines`` selects
+    (``select_machines``: ``target``, ``all`` or ``ID,ID``), and the file's metadata (target,
+    counts, ``machines``: the descriptors of the machines kept, by id)."""
     features = Path(features)
     if not features.is_file():
         raise GradtuneError(f"{features} not found: run the featurize stage first (dvc repro)")
     blob = torch.load(features, map_location="cpu", weights_only=False)
+    descriptors = blob.get("machines")
+    if descriptors is None:
+        # Written before records had machines: one unnamed machine, the dataset's.
+        if machines not in ("target", "all"):
+            raise GradtuneError(
+                f"{features} names no machines (featurized before records had them): "
+                "featurize again to choose machines"
+            )
+        descriptors, chosen = {}, None
+    else:
+        chosen = set(select_machines(descriptors, machines, blob.get("target")))
     groups = [
         Group(w["key"], w["family"], w["programs"], np.asarray(w["latencies"]))
         for w in blob["workloads"]
-        if len(w["latencies"]) >= 2
+        if len(w["latencies"]) >= 2 and (chosen is None or w.get("machine") in chosen)
     ]
     if not groups:
         raise GradtuneError(f"{features}: no workload with two or more records")
-    return groups, {k: v for k, v in blob.items() if k != "workloads"}
+    meta = {k: v for k, v in blob.items() if k != "workloads"}
+    meta["machines"] = {m: d for m, d in descriptors.items() if chosen is None or m in chosen}
+    return groups, meta
 
 
 def pretrain(
@@ -50,22 +73,25 @@ def pretrain(
     epochs: int = 40,
     lr: float = 7e-4,
     seed: int = 0,
+    machines: str = "target",
 ) -> tuple[dict[str, Any], list[float]]:
     """Train on ``features`` and write ``weights`` with its provenance (``<weights>.json``).
 
-    Returns the provenance (target, counts, hyperparameters, final loss, seconds, the features
-    file's SHA-1, date) and the loss per epoch.
+    ``machines`` chooses whose records to train on (``load_groups``). Returns the provenance
+    (target, machines, counts, hyperparameters, final loss, seconds, the features file's
+    SHA-1, date) and the loss per epoch.
     """
     from rich.progress import Progress
 
     features, weights = Path(features), Path(weights)
-    groups, meta = load_groups(features)
+    groups, meta = load_groups(features, machines)
     start = time.perf_counter()
     with Progress(transient=True) as progress:
         bar = progress.add_task(f"pretraining ({loss} loss)", total=epochs)
         model, history = train(groups, loss, epochs, lr, seed, lambda: progress.advance(bar))
     info = {
         "target": meta.get("target"),
+        "machines": meta["machines"],
         "workloads": len(groups),
         "records": int(sum(len(g.latencies) for g in groups)),
         "families": sorted({g.family for g in groups}),

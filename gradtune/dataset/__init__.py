@@ -4,6 +4,8 @@ model zoo's workloads, measured over TVM RPC on this machine, stored as TVM's ow
 
 - ``workloads``: the zoo's tasks, deduplicated into workloads, and the order they are visited.
 - ``store``: the files on disk, read back cleaned (``open_dataset``) or opened for appending.
+- ``hardware``: the descriptor of the machine that measures (CPU, ISA flags, caches, target).
+- ``machines``: which machine measured each record, and which machines pretraining takes.
 - ``settings``: what a collection measures per workload, and how.
 - ``collect``: sampling, building and measuring into the store, resumable and stoppable.
 - ``card``: the manifest, the dataset's summary and its ``README.md``.

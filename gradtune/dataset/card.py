@@ -9,48 +9,27 @@ turns it into ``README.md`` with a plot, regenerated after every workload of a c
 
 from __future__ import annotations
 
-import contextlib
 import datetime
 import json
 import math
 import os
-import platform
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from ..errors import GradtuneError
 from ..partition import operator_family
+from . import hardware
+from .machines import MACHINES, MANIFEST, load_record_machines
 from .settings import CollectSettings
 from .store import RECORDS, WORKLOADS, read_lines
 from .workloads import WorkloadInfo, WorkloadProgress
 
-MANIFEST = "manifest.json"
 CARD = "README.md"
 FORMAT = "gradtune-dataset/1"
 
 
 # --------------------------------------------------------------------------- manifest
-
-
-def hardware() -> dict[str, Any]:
-    """This machine's CPU model, core counts, memory and OS, as the manifest records them."""
-    import psutil
-
-    model = platform.processor() or ""
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    return {
-        "cpu_model": model,
-        "physical_cores": psutil.cpu_count(logical=False),
-        "logical_cores": psutil.cpu_count(),
-        "memory_gb": round(psutil.virtual_memory().total / 2**30, 1),
-        "machine": platform.machine(),
-        "system": f"{platform.system()} {platform.release()}",
-    }
 
 
 def utc_now() -> str:
@@ -66,9 +45,14 @@ def write_manifest(
     settings: CollectSettings,
     started: str,
     seconds: float,  # collection time so far, earlier runs included
+    machine: dict[str, Any],
 ) -> dict[str, Any]:
     """Write ``manifest.json`` (atomically) for ``workloads`` and return it; its creation time
-    survives from an earlier run."""
+    survives from an earlier run.
+
+    ``hardware`` is ``machine``, the descriptor of the session writing it (``hardware.describe``):
+    the machine the latest records come from. Which machine measured each record is
+    ``record_machines.json``'s business, not the manifest's."""
     import tvm
 
     from ..measure.runner import MeasureSettings
@@ -79,7 +63,7 @@ def write_manifest(
     manifest = {
         "format": FORMAT,
         "target": target_config,
-        "hardware": hardware(),
+        "hardware": machine,
         "tvm_version": tvm.__version__,
         "measurement": {
             **measure,
@@ -135,8 +119,9 @@ def load_manifest(data_dir: Path) -> dict[str, Any]:
 # --------------------------------------------------------------------------- summary + card
 
 
-def latencies_by_workload(data_dir: Path) -> dict[str, list[float]]:
-    """Median latency (seconds) of every valid record, per workload key (no TVM needed)."""
+def measured_lines(data_dir: Path) -> list[tuple[int, str, float]]:
+    """(record line index, workload key, median latency in seconds) of every record line
+    that holds a measurement of a known workload (no TVM needed)."""
     workload_lines, _ = read_lines(data_dir, WORKLOADS)
     record_lines, _ = read_lines(data_dir, RECORDS)
     keys = []
@@ -145,8 +130,8 @@ def latencies_by_workload(data_dir: Path) -> dict[str, list[float]]:
             keys.append(str(json.loads(line)[0]))
         except (ValueError, IndexError, TypeError):
             keys.append("")
-    out: dict[str, list[float]] = {}
-    for line in record_lines:
+    out = []
+    for i, line in enumerate(record_lines):
         try:
             index, body = json.loads(line)
             secs = sorted(float(s) for s in body[1])
@@ -154,7 +139,30 @@ def latencies_by_workload(data_dir: Path) -> dict[str, list[float]]:
         except (ValueError, IndexError, TypeError):
             continue
         if secs and key:
-            out.setdefault(key, []).append(secs[len(secs) // 2])
+            out.append((i, key, secs[len(secs) // 2]))
+    return out
+
+
+def latencies_by_workload(data_dir: Path) -> dict[str, list[float]]:
+    """Median latency (seconds) of every valid record, per workload key, in file order."""
+    out: dict[str, list[float]] = {}
+    for _, key, latency in measured_lines(data_dir):
+        out.setdefault(key, []).append(latency)
+    return out
+
+
+def machines_summary(data_dir: Path) -> dict[str, dict[str, Any]]:
+    """Per machine id (``record_machines.json``, else the manifest's hardware): its records
+    and its descriptor. Machines without a record are left out."""
+    attribution = load_record_machines(data_dir)
+    lines = measured_lines(data_dir)
+    owners = attribution.per_line(max((i for i, _, _ in lines), default=-1) + 1)
+    out: dict[str, dict[str, Any]] = {}
+    for i, _, _ in lines:
+        entry = out.setdefault(owners[i], {"records": 0})
+        entry["records"] += 1
+    for machine, entry in out.items():
+        entry["descriptor"] = attribution.descriptor(machine)
     return out
 
 
@@ -198,6 +206,7 @@ def dataset_summary(data_dir: str | Path) -> dict[str, Any]:
         },
         "target": manifest.get("target"),
         "hardware": manifest.get("hardware"),
+        "machines": machines_summary(data_dir),
         "measurement": manifest.get("measurement"),
         "collection_seconds": manifest.get("collection_seconds"),
         "evolutionary": _evolutionary_gain(lat, manifest),
@@ -268,7 +277,7 @@ def write_card(data_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
     s = dataset_summary(data_dir)
     has_plot = plot_latencies(data_dir, data_dir / "latency_spread.png")
     m = s.get("measurement") or {}
-    hw = s.get("hardware") or {}
+    hw = hardware.from_manifest(s.get("hardware"), s.get("target"))
     evo = s["evolutionary"]
     sampling = (manifest or load_manifest(data_dir)).get("sampling", {})
     lines = [
@@ -276,7 +285,7 @@ def write_card(data_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
         "",
         "Programs sampled from TVM MetaSchedule design spaces of the workloads of gradtune's model",
         "zoo (`configs/zoo.yaml`, `gradtune/zoo.py`: small networks built in code with random",
-        "weights), built and measured over TVM RPC on one machine. Generated by",
+        "weights), built and measured over TVM RPC on the machines listed below. Generated by",
         "`gradtune dataset collect` from the data itself; do not edit by hand.",
         "",
         "## Contents",
@@ -286,12 +295,13 @@ def write_card(data_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
         "  `gradtune.dataset.store.open_dataset('data')`). Every record is a valid measurement.",
         "- `manifest.json`: per workload (key = structural hash) its models and instances,",
         "  kernel class, FLOPs, record and failure counts; the target, hardware and settings.",
+        f"- `{MACHINES}`: which machine measured each record (runs of record lines → machine",
+        "  id → descriptor: CPU, ISA flags that change code generation, caches, cores, target).",
         "",
         "## How it was measured",
         "",
         f"- Target: `{json.dumps(s.get('target'))}`",
-        f"- Hardware: {hw.get('cpu_model', '?')}, {hw.get('physical_cores', '?')} physical / "
-        f"{hw.get('logical_cores', '?')} logical cores, {hw.get('memory_gb', '?')} GB",
+        f"- Hardware of the latest session: {hardware.short(hw)}, {hw.get('memory_gb', '?')} GB",
         f"- Builder: {m.get('builder', '?')}; runner: {m.get('runner', '?')} "
         f"({m.get('rpc_servers', '?')} server); number={m.get('number')}, "
         f"repeat={m.get('repeat')}, min_repeat_ms={m.get('min_repeat_ms')}, "
@@ -303,6 +313,7 @@ def write_card(data_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
         "are represented. Duplicate programs are not measured twice.",
         "- Failed builds/runs are not stored; they are counted per workload in the manifest.",
         "",
+        *_machines_section(s["machines"]),
         "## Counts",
         "",
         f"- {s['workloads']} distinct workloads from {len(s['models'])} models "
@@ -337,3 +348,31 @@ def write_card(data_dir: str | Path, manifest: dict[str, Any] | None = None) -> 
     out = data_dir / CARD
     out.write_text("\n".join(lines))
     return out
+
+
+def _machines_section(machines: dict[str, dict[str, Any]]) -> list[str]:
+    lines = [
+        "## Machines",
+        "",
+        "| machine id | records | CPU | ISA flags (codegen) | L1d / L2 / L3 KiB | target |",
+        "|---|---:|---|---|---|---|",
+    ]
+    for machine, entry in sorted(machines.items(), key=lambda kv: -kv[1]["records"]):
+        d = entry["descriptor"]
+        caches = d.get("caches") or {}
+        sizes = " / ".join(str(caches.get(k) or "?") for k in ("l1d_kb", "l2_kb", "l3_kb"))
+        isa = "unknown" if d.get("isa") is None else " ".join(d["isa"]) or "none"
+        lines.append(
+            f"| `{machine}` | {entry['records']} | {d.get('cpu_model') or '?'}, "
+            f"{d.get('physical_cores') or '?'} cores | {isa} | {sizes} | "
+            f"`{json.dumps(d.get('target'))}` |"
+        )
+    lines += [
+        "",
+        "Records collected before per-record machines were stored have no range in",
+        f"`{MACHINES}`: they belong to the dataset-level `hardware` entry the manifest had then",
+        "(ISA flags and caches unknown). Pretraining trains on the machines that measured for",
+        "its target and refuses to mix machines whose ISA flags differ unless told to.",
+        "",
+    ]
+    return lines

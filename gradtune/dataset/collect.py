@@ -27,6 +27,7 @@ from typing import Any
 from ..measure.pooled_builder import PooledBuilder
 from ..stop import StopSignal, stop_on_signals
 from .card import load_manifest, utc_now, write_card, write_manifest
+from .hardware import describe
 from .settings import CollectSettings
 from .store import DatasetStore, trace_key
 from .workloads import WorkloadInfo, WorkloadProgress, extract_workloads, prioritize
@@ -274,7 +275,7 @@ def collect(
         f"{len(workloads)} distinct workloads from {sum(len(e.batches) for e in entries)} "
         f"zoo models; target {json.dumps(target_config)}"
     )
-    store = DatasetStore(data_dir, target_config)
+    store = DatasetStore(data_dir, target_config, machine=session_machine(target_config, tracker))
     previous = load_manifest(data_dir)
     manifest = previous.get("workloads", {})
     spent = float(previous.get("collection_seconds", 0.0))
@@ -296,7 +297,7 @@ def collect(
             progress[w.key].valid = store.counts.get(w.key, 0)
         return write_manifest(
             data_dir, listed, progress, target_config, settings, started,
-            spent + time.perf_counter() - t0,
+            spent + time.perf_counter() - t0, store.machine,
         )  # fmt: skip
 
     with contextlib.ExitStack() as stack:
@@ -347,6 +348,15 @@ def collect(
     result = save()
     write_card(data_dir, result)
     return result
+
+
+def session_machine(target_config: dict[str, Any], tracker: Any | None) -> dict[str, Any]:
+    """The descriptor of what measures this session: this host when the RPC servers run here
+    (the local fleet, or a tracker on loopback), else this host plus the tracker's name."""
+    host = getattr(tracker, "host", None)
+    if tracker is None or host in ("localhost", "::1") or str(host).startswith("127."):
+        return describe(target_config)
+    return describe(target_config, devices=f"rpc tracker {host}:{tracker.port} key {tracker.key}")
 
 
 @contextlib.contextmanager

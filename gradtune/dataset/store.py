@@ -9,6 +9,10 @@ members, so an append never rewrites what is there), and a kill can leave a torn
 So every read goes through ``clean_lines``: what TVM cannot load (a torn or corrupt line, a
 record whose workload is missing, one measured on another target) is skipped and counted in a
 ``Skipped``, never fatal, because TVM's own loader fails whole on one bad line.
+
+Beside them, ``record_machines.json`` (``machines``) says which machine measured each record
+line; the store renumbers it whenever cleaning renumbers the lines, and ``open_dataset`` can
+read the records of chosen machines only.
 """
 
 from __future__ import annotations
@@ -21,14 +25,18 @@ import os
 import shutil
 import sys
 import zlib
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from ..errors import GradtuneError
+from .hardware import describe, target_mismatch
+from .machines import RecordMachines, load_record_machines, write_record_machines
 
 WORKLOADS = "database_workload.json"
 RECORDS = "database_tuning_record.json"
+MACHINE_COUNTS = "machine_counts.json"  # in a cleaned copy: usable records per machine id
 
 
 # --------------------------------------------------------------------------- gzip files
@@ -107,23 +115,13 @@ class Skipped:
         self.first_reason = self.first_reason or reason
 
 
-def _target_mismatch(record_target: Any, expected: dict[str, Any]) -> str:
-    """Why a record's target is not ``expected`` (empty when it is): kind, CPU, cores, arch."""
-    if not isinstance(record_target, dict):
-        return "its target is not a JSON object"
-    for attr in ("kind", "mcpu", "num-cores", "arch"):
-        if attr in expected and str(record_target.get(attr)) != str(expected[attr]):
-            return f"target {attr}={record_target.get(attr)!r}, expected {expected[attr]!r}"
-    return ""
-
-
 def clean_lines(
     workload_lines: list[bytes],
     record_lines: list[bytes],
     target: dict[str, Any] | None,
     skipped: Skipped,
     replay: bool = False,
-) -> tuple[list[bytes], list[bytes], list[str]]:
+) -> tuple[list[bytes], list[bytes], list[str], list[int]]:
     """Keep what TVM can load: parseable workloads, records that name a kept workload, have a
     record's shape, and (when ``target`` is given) were measured on it. Workloads are
     re-indexed densely.
@@ -131,7 +129,8 @@ def clean_lines(
     ``replay`` also rebuilds every record as TVM will (its trace replayed on the workload,
     ~8 ms each): callers do that only when TVM refused the cheaply checked lines.
 
-    Returns (workload lines, record lines, workload keys in line order).
+    Returns (workload lines, record lines, workload keys in line order, and for each kept
+    record the index of its line in ``record_lines``: what ties it to its machine).
     """
     from tvm.s_tir import meta_schedule as ms
 
@@ -151,6 +150,7 @@ def clean_lines(
         keys.append(str(obj[0]))
         parsed.append(workload)
     records: list[bytes] = []
+    origins: list[int] = []
     for i, line in enumerate(record_lines):
         try:
             obj = json.loads(line)
@@ -166,7 +166,7 @@ def clean_lines(
             continue
         body = obj[1]
         if target is not None and isinstance(body, list) and len(body) > 2:
-            why = _target_mismatch(body[2], target)
+            why = target_mismatch(body[2], target)
             if why:
                 skipped.add("other target", f"record line {i + 1} is for another target ({why})")
                 continue
@@ -185,7 +185,8 @@ def clean_lines(
         if new_index[obj[0]] != obj[0]:
             line = json.dumps([new_index[obj[0]], body]).encode()
         records.append(line)
-    return workloads, records, keys
+        origins.append(i)
+    return workloads, records, keys, origins
 
 
 def _record_shape_error(body: Any) -> str:
@@ -231,12 +232,21 @@ def _cache_root() -> Path:
     return Path(os.environ.get("GRADTUNE_CACHE", Path.home() / ".cache" / "gradtune")) / "datasets"
 
 
-def _fingerprint(data_dir: Path, target: dict[str, Any] | None) -> str:
-    digest = hashlib.sha256(json.dumps(target, sort_keys=True).encode())
+def _fingerprint(
+    data_dir: Path,
+    target: dict[str, Any] | None,
+    attribution: RecordMachines,
+    machines: Collection[str] | None,
+) -> str:
+    selection = sorted(machines) if machines is not None else None
+    digest = hashlib.sha256(json.dumps([target, selection], sort_keys=True).encode())
     for name in (WORKLOADS, RECORDS):
         for path in (data_dir / f"{name}.gz", data_dir / name):
             if path.is_file():
                 digest.update(path.name.encode() + path.read_bytes())
+    # Which machine owns which line decides what a selection of machines holds.
+    owners = [attribution.ranges, attribution.fallback, attribution.machines]
+    digest.update(json.dumps(owners, sort_keys=True, default=str).encode())
     return digest.hexdigest()[:24]
 
 
@@ -245,55 +255,104 @@ def open_dataset(
     target: dict[str, Any] | None = None,
     skipped: Skipped | None = None,
     cache_dir: str | Path | None = None,
+    machines: Collection[str] | None = None,
 ) -> Any:
     """A plain ``ms.database.JSONDatabase`` of the dataset at ``path``.
 
     ``path`` is a dataset directory holding the gzip'd (or plain) JSONDatabase files. Corrupt or
     truncated lines, records whose workload is missing and — given ``target`` — records measured
     on another target are skipped, counted in ``skipped`` and reported in one line on stderr.
-    The cleaned, decompressed copy is cached by content, so reopening is cheap.
-    Raises ``GradtuneError`` when nothing usable remains.
+    Given ``machines`` (ids of ``machines.load_record_machines``), only the records those
+    machines measured are read, and only their bad lines are counted; ``machine_counts`` says
+    which machines the records come from. The cleaned, decompressed copy is cached by content,
+    so reopening is cheap. Raises ``GradtuneError`` when nothing usable remains.
     """
     data_dir = Path(path)
     skipped = skipped if skipped is not None else Skipped()
+    out, database = _cached_copy(data_dir, target, cache_dir, machines)
+    done = json.loads((out / "skipped.json").read_text())
+    skipped.count, skipped.first_reason = done["count"], done["first_reason"]
+    skipped.reasons = done["reasons"]
+    where = str(data_dir) + (f" (machines {', '.join(sorted(machines))})" if machines else "")
+    report_skipped(skipped, where)
+    if (out / RECORDS).stat().st_size == 0:
+        because = (
+            f"; every line was skipped, first: {skipped.first_reason}" if skipped.count else ""
+        )
+        raise GradtuneError(f"{where}: the dataset holds no usable tuning records{because}")
+    return database if database is not None else _load(out)
+
+
+def machine_counts(
+    path: str | Path,
+    target: dict[str, Any] | None = None,
+    cache_dir: str | Path | None = None,
+) -> dict[str, int]:
+    """Usable records per machine id: of the records ``open_dataset(path, target)`` gives.
+    Reads the cleaned copy that call caches (and makes it, if it was not made yet)."""
+    out, _ = _cached_copy(Path(path), target, cache_dir, None)
+    return json.loads((out / MACHINE_COUNTS).read_text())
+
+
+def _cached_copy(
+    data_dir: Path,
+    target: dict[str, Any] | None,
+    cache_dir: str | Path | None,
+    machines: Collection[str] | None,
+) -> tuple[Path, Any]:
+    """The cleaned copy's directory, and the database when making it meant loading it."""
     if not data_dir.is_dir():
         raise GradtuneError(f"dataset directory not found: {data_dir}")
+    attribution = load_record_machines(data_dir)
     root = Path(cache_dir) if cache_dir else _cache_root()
-    out = root / _fingerprint(data_dir, target)
+    out = root / _fingerprint(data_dir, target, attribution, machines)
     database = None
     if not (out / "skipped.json").is_file():
-        _prepare(data_dir, target, out, replay=False)
+        _prepare(data_dir, target, attribution, machines, out, replay=False)
         try:
             database = _load(out) if (out / RECORDS).stat().st_size else None
         except Exception:
             # TVM rebuilds every record by replaying its trace, and one bad trace fails the
             # whole load: only then is the slower per-record replay check worth paying for.
-            _prepare(data_dir, target, out, replay=True)
-    done = json.loads((out / "skipped.json").read_text())
-    skipped.count, skipped.first_reason = done["count"], done["first_reason"]
-    skipped.reasons = done["reasons"]
-    report_skipped(skipped, str(data_dir))
-    if (out / RECORDS).stat().st_size == 0:
-        because = (
-            f"; every line was skipped, first: {skipped.first_reason}" if skipped.count else ""
-        )
-        raise GradtuneError(f"{data_dir}: the dataset holds no usable tuning records{because}")
-    return database if database is not None else _load(out)
+            _prepare(data_dir, target, attribution, machines, out, replay=True)
+    return out, database
 
 
-def _prepare(data_dir: Path, target: dict[str, Any] | None, out: Path, replay: bool) -> None:
-    """Write the cleaned, decompressed copy of ``data_dir`` to ``out`` (atomically)."""
+def _prepare(
+    data_dir: Path,
+    target: dict[str, Any] | None,
+    attribution: RecordMachines,
+    machines: Collection[str] | None,
+    out: Path,
+    replay: bool,
+) -> None:
+    """Write the cleaned, decompressed copy of ``data_dir`` to ``out`` (atomically), with the
+    records of ``machines`` only when given, and the usable records per machine."""
     workload_lines, why_w = read_lines(data_dir, WORKLOADS)
     record_lines, why_r = read_lines(data_dir, RECORDS)
+    owners = attribution.per_line(len(record_lines))
+    if machines is not None:
+        chosen = set(machines)
+        # A torn tail belongs to the machine of the last whole line (the session appending).
+        if why_r and not (owners and owners[-1] in chosen):
+            why_r = ""
+        record_lines = [line for line, m in zip(record_lines, owners, strict=True) if m in chosen]
+        owners = [m for m in owners if m in chosen]
     skipped = Skipped()
     for why in (why_w, why_r):
         if why:
             skipped.add("truncated file", why)
-    workloads, records, _ = clean_lines(workload_lines, record_lines, target, skipped, replay)
+    workloads, records, _, origins = clean_lines(
+        workload_lines, record_lines, target, skipped, replay
+    )
+    counts: dict[str, int] = {}
+    for i in origins:
+        counts[owners[i]] = counts.get(owners[i], 0) + 1
     tmp = out.with_name(out.name + f".tmp{os.getpid()}")
     tmp.mkdir(parents=True, exist_ok=True)
     (tmp / WORKLOADS).write_bytes(b"".join(line + b"\n" for line in workloads))
     (tmp / RECORDS).write_bytes(b"".join(line + b"\n" for line in records))
+    (tmp / MACHINE_COUNTS).write_text(json.dumps(counts))
     (tmp / "skipped.json").write_text(json.dumps(asdict(skipped)))
     shutil.rmtree(out, ignore_errors=True)
     os.replace(tmp, out)
@@ -314,29 +373,50 @@ def _load(folder: Path) -> Any:
 
 
 class DatasetStore:
-    """The dataset directory, opened for appending.
+    """The dataset directory, opened for appending by one collection session.
 
     Measuring commits into a plain JSONDatabase in a scratch directory (TVM writes the exact
     lines), and every line TVM appends there is mirrored, gzip'd, into ``data_dir``. Opening
     rewrites ``data_dir``'s files from the cleaned scratch copy, so a torn tail left by a kill
-    is repaired before anything is appended after it.
+    is repaired before anything is appended after it, and rewrites ``record_machines.json``
+    to match: the earlier lines keep their machines, renumbered, and the session's ``machine``
+    (this host's descriptor unless given) owns every line appended from here on.
+
+    A dataset holding records measured for another target is refused, not cleaned: cleaning
+    would delete another machine's measurements. Collect for another target into a directory
+    of its own.
     """
 
-    def __init__(self, data_dir: Path, target: dict[str, Any], scratch: Path | None = None):
+    def __init__(
+        self,
+        data_dir: Path,
+        target: dict[str, Any],
+        scratch: Path | None = None,
+        machine: dict[str, Any] | None = None,
+    ):
         self.data_dir = Path(data_dir)
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.target = target
+        self.machine = machine if machine is not None else describe(target)
+        attribution = load_record_machines(self.data_dir)
         workload_lines, why_w = read_lines(self.data_dir, WORKLOADS)
         record_lines, why_r = read_lines(self.data_dir, RECORDS)
+        owners = attribution.per_line(len(record_lines))
         self.scratch = scratch or (_cache_root() / "collect" / _path_id(self.data_dir))
         for replay in (False, True):  # replay each record only if TVM refuses the lines
             self.skipped = Skipped()
             for why in (why_w, why_r):
                 if why:
                     self.skipped.add("truncated file", why)
-            workloads, records, keys = clean_lines(
+            workloads, records, keys, origins = clean_lines(
                 workload_lines, record_lines, target, self.skipped, replay
             )
+            other = self.skipped.reasons.get("other target", 0)
+            if other:
+                raise GradtuneError(
+                    f"{self.data_dir} holds {other} record(s) measured for another target than "
+                    f"{json.dumps(target)}; collect into another directory (--out)"
+                )
             shutil.rmtree(self.scratch, ignore_errors=True)
             self.scratch.mkdir(parents=True)
             for name, lines in ((WORKLOADS, workloads), (RECORDS, records)):
@@ -353,6 +433,10 @@ class DatasetStore:
             plain = self.data_dir / name
             if plain.exists():  # the gzip'd copy is now the dataset's one source of truth
                 plain.unlink()
+        # Right after the lines it numbers, and before anything is appended after them.
+        self.machines = write_record_machines(
+            self.data_dir, [owners[i] for i in origins], attribution.every(), self.machine
+        )
         self.offsets = {name: (self.scratch / name).stat().st_size for name in (WORKLOADS, RECORDS)}
         # Valid records per workload key, and their traces (to skip duplicates on resume).
         self.counts: dict[str, int] = {}

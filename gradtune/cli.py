@@ -340,9 +340,11 @@ def _run_in_own_session(argv: list[str]) -> int:
 
 def _collect_argv(args: argparse.Namespace) -> list[str]:
     """The ``dataset collect`` command line of ``args`` (each option's dest is its flag)."""
-    argv = [sys.executable, "-m", "gradtune.cli", "dataset", "collect"]
+    argv = [sys.executable, "-m", "gradtune.cli"]
+    argv += ["--debug"] if args.debug else []  # a top-level flag: before the subcommand
+    argv += ["dataset", "collect"]
     for dest, value in vars(args).items():
-        if dest not in ("command", "dataset_command") and value is not None:
+        if dest not in ("command", "dataset_command", "debug") and value is not None:
             argv += [f"--{dest.replace('_', '-')}", str(value)]
     return argv
 

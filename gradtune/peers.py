@@ -15,9 +15,11 @@ model's tolerance, keeps the reason in place of a runner, and the run goes on wi
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import io
 import json
+import statistics
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator
@@ -62,7 +64,7 @@ class Peers:
         return {p.name: p.error for p in self.peers if p.error is not None}
 
     def ort_op_us(self, runs: int = 30, warmup: int = 3) -> dict[str, float]:
-        """Mean µs per inference that ONNX Runtime spends in each operator type (as it runs
+        """Median µs per inference that ONNX Runtime spends in each operator type (as it runs
         them, after its own fusions: ``FusedConv``, ``FusedGemm``...), from its profiler.
 
         A separate session with profiling on: the timed one stays unperturbed. Empty when
@@ -84,21 +86,25 @@ class Peers:
 
 
 def op_times(events: list[dict], skip_runs: int = 0) -> dict[str, float]:
-    """µs per inference by operator type from ONNX Runtime's profile (Chrome trace events),
-    leaving out the first ``skip_runs`` inferences (warm-up: allocation, weight pre-packing)."""
+    """µs per inference by operator type from ONNX Runtime's profile (Chrome trace events):
+    for each type the median over the inferences, leaving out the first ``skip_runs`` (warm-up:
+    allocation, weight pre-packing). Medians, as in the timing: a shared machine's bursts hit
+    single inferences."""
     runs = sorted(
         (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
         key=lambda e: e["ts"],
     )[skip_runs:]
-    if not runs:
-        return {}
-    start = runs[0]["ts"]
-    totals: dict[str, float] = {}
+    per_run: list[dict[str, float]] = [{} for _ in runs]
+    starts = [r["ts"] for r in runs]
     for e in events:
-        if e.get("cat") == "Node" and e["ts"] >= start and e["name"].endswith("_kernel_time"):
+        if e.get("cat") != "Node" or not e["name"].endswith("_kernel_time"):
+            continue
+        i = bisect.bisect_right(starts, e["ts"]) - 1  # the inference this node ran in
+        if i >= 0 and e["ts"] <= runs[i]["ts"] + runs[i]["dur"]:
             op = e.get("args", {}).get("op_name", "?")
-            totals[op] = totals.get(op, 0.0) + float(e["dur"])
-    return {op: us / len(runs) for op, us in totals.items()}
+            per_run[i][op] = per_run[i].get(op, 0.0) + float(e["dur"])
+    ops = sorted({op for times in per_run for op in times})
+    return {op: statistics.median(times.get(op, 0.0) for times in per_run) for op in ops}
 
 
 def session_options(threads: int) -> Any:

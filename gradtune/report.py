@@ -85,9 +85,13 @@ def roofline_lines(summary: dict[str, Any]) -> list[str]:
     peak = roof["peak"]
     lines = ["## Where the time goes", ""]
     if peak:
+        load = peak.get("load_average")
         lines += [
             f"Machine peak: {peak['gflops']:.0f} GFLOPS fp32, {peak['gbps']:.1f} GB/s"
-            f" ({peak['method']}; measured {peak['measured']} on {peak['cpu']}).",
+            f" ({peak['method']}; measured {peak['measured']} on {peak['cpu']}"
+            + (f", load average {load[0]:.1f}" if load else "")
+            + "; cached per CPU and thread count: delete ~/.cache/gradtune/peak.json to measure"
+            " again).",
             "",
         ]
     else:

@@ -33,6 +33,8 @@ class ImportedModel:
     reference_outputs: list[np.ndarray]
     run_reference: Callable[[], Any] = field(repr=False)  # one inference in the source framework
     input_names: list[str] = field(default_factory=list)
+    # The torch.nn.Module or onnx.ModelProto itself: what the peers (gradtune.peers) start from.
+    source: Any = field(default=None, repr=False)
 
 
 def load_model(
@@ -177,6 +179,7 @@ def load_pytorch(path: Path, entry: str = "get_model") -> ImportedModel:
         reference_outputs=[t.detach().numpy() for t in ref_list],
         run_reference=run_reference,
         input_names=[f"input{i}" for i in range(len(example))],
+        source=model,
     )
 
 
@@ -295,4 +298,5 @@ def load_onnx(path: Path, input_shapes: dict[str, list[int]]) -> ImportedModel:
         reference_outputs=[np.asarray(r) for r in reference],
         run_reference=lambda: session.run(None, feed),
         input_names=list(shapes),
+        source=model,
     )

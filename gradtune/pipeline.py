@@ -12,7 +12,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import compilation, registry, report
+from . import compilation, peers, registry, report, roofline
 from .errors import GradtuneError
 from .frontend import ImportedModel, fingerprint, load_model
 from .job import TuneJob, mark_out_dir
@@ -41,7 +41,8 @@ console = Console(highlight=False, width=None if sys.stdout.isatty() else 120)
 @dataclass
 class CompileResult:
     """Latencies (medians, ms) and errors against the reference of the untuned and tuned
-    builds, and the exported library."""
+    builds, and the exported library; the peers' latencies (None: the error says why), ONNX
+    Runtime's profiled µs per operator type, and the machine's peak (None on a GPU target)."""
 
     untuned_ms: float
     tuned_ms: float
@@ -49,6 +50,10 @@ class CompileResult:
     max_abs_err: float
     untuned_max_abs_err: float
     lib_path: Path
+    peers: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {ms, error}
+    peer_threads: int = 0
+    ort_op_us: dict[str, float] = field(default_factory=dict)
+    peak: dict[str, Any] | None = None
 
 
 def import_stage(job: TuneJob) -> ImportedModel:
@@ -144,7 +149,9 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
 def compile_stage(
     job: TuneJob, model: ImportedModel, fused: Any, target_config: dict
 ) -> CompileResult:
-    """Build untuned and tuned, verify both against the reference, time all three interleaved."""
+    """Build untuned and tuned, verify both against the reference, time them interleaved with
+    the peers (ONNX Runtime, torch.compile, PyTorch eager) on the target's core count; profile
+    ONNX Runtime per operator and read the machine's peak for the roofline."""
     from .tune import run_database
 
     target = make_target(target_config)
@@ -154,22 +161,46 @@ def compile_stage(
     tuned = compilation.Runner(tuned_exec, target, model.inputs)
     untuned_err = compilation.verify(untuned.outputs(), model.reference_outputs, "untuned TVM")
     tuned_err = compilation.verify(tuned.outputs(), model.reference_outputs, "tuned TVM")
-    latencies = compilation.time_interleaved(
-        {"untuned": untuned.run, "tuned": tuned.run, "reference": model.run_reference}
-    )
+    threads = peer_threads(target_config)
+    with peers.torch_threads(threads):
+        contenders = peers.build_peers(model, threads)
+        for name, error in contenders.errors().items():
+            console.print(f"[yellow]{name} not compared[/]: {error}")
+        fns = {"untuned": untuned.run, "tuned": tuned.run, **contenders.runnable()}
+        # The reference is the peer of the model's own framework; should that peer have
+        # failed, the import's own reference run stands in.
+        reference = peers.EAGER if model.framework == "pytorch" else peers.ORT
+        if reference not in fns:
+            reference, fns["reference"] = "reference", model.run_reference
+        latencies = compilation.time_interleaved(fns)
+        ort_op_us = contenders.ort_op_us()
     log.info(
         "latency ms: untuned %.3f, tuned %.3f, reference %.3f; max abs error %.2g",
-        latencies["untuned"], latencies["tuned"], latencies["reference"], tuned_err,
+        latencies["untuned"], latencies["tuned"], latencies[reference], tuned_err,
     )  # fmt: skip
     lib_path = compilation.export(tuned_exec, job.out_dir / "model.so")
     return CompileResult(
         untuned_ms=latencies["untuned"],
         tuned_ms=latencies["tuned"],
-        reference_ms=latencies["reference"],
+        reference_ms=latencies[reference],
         max_abs_err=tuned_err,
         untuned_max_abs_err=untuned_err,
         lib_path=lib_path,
+        peers={p.name: {"ms": latencies.get(p.name), "error": p.error} for p in contenders.peers},
+        peer_threads=threads,
+        ort_op_us=ort_op_us,
+        # The peak is this CPU's: a GPU target's kernels are not measured against it.
+        peak=None if is_gpu(target) else roofline.machine_peak(threads),
     )
+
+
+def peer_threads(target_config: dict) -> int:
+    """The thread count every peer runs on: the target's ``num-cores`` (for a GPU target, the
+    host's physical cores, as a CPU target would default to)."""
+    import psutil
+
+    cores = target_config.get("num-cores")
+    return int(cores or psutil.cpu_count(logical=False) or psutil.cpu_count() or 1)
 
 
 def run_summary(
@@ -210,6 +241,18 @@ def run_summary(
         "best_task_us": {k: v for k, v in tuned.best_us.items() if math.isfinite(v)},
         # Tasks that compile their default schedule: nothing searched was faster.
         "default_schedule_tasks": tuned.default_kept,
+        # What a user would deploy instead, timed interleaved with the tuned model; ratio =
+        # tuned ms / peer ms (below 1: the tuned model is faster).
+        "peer_threads": compiled.peer_threads,
+        "peers": {
+            name: {
+                "ms": p["ms"],
+                "ratio_vs_tuned": compiled.tuned_ms / p["ms"] if p["ms"] else None,
+                "error": p["error"],
+            }
+            for name, p in compiled.peers.items()
+        },
+        "roofline": roofline.summarize(tasks, tuned.best_us, compiled.peak, compiled.ort_op_us),
     }
 
 
@@ -351,6 +394,10 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"{summary['reference_ms']:.3f}",
         f"{u / summary['reference_ms']:.2f}×",
     )
+    for name, peer in summary.get("peers", {}).items():
+        if name != summary["reference"]:
+            ms = peer["ms"]
+            table.add_row(name, f"{ms:.3f}" if ms else "not run", f"{u / ms:.2f}×" if ms else "")
     console.print(table)
     console.print(
         f"tuned vs {summary['reference']}: {summary['speedup_vs_reference']:.2f}× · "

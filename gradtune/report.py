@@ -1,4 +1,8 @@
-"""The tuning report: summary.json (machine-readable), report.md and a latency-vs-time plot."""
+"""The tuning report: summary.json (machine-readable), report.md and a latency-vs-time plot.
+
+report.md holds the end-to-end latencies, the peers (what a user would deploy instead), the
+task table and the roofline (``gradtune.roofline``), all read from the summary.
+"""
 
 from __future__ import annotations
 
@@ -39,6 +43,94 @@ def task_table_rows(
 
 
 TASK_HEADER = ["task", "kernel class", "weight", "MFLOPs", "untuned µs", "share"]
+
+
+def md_row(cells: list[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def fmt(value: float | None, spec: str = ".1f", scale: float = 1.0) -> str:
+    return "–" if value is None else format(value * scale, spec)
+
+
+def peer_lines(summary: dict[str, Any]) -> list[str]:
+    """The peers' table: what a user would deploy instead, timed beside the tuned model."""
+    peers = summary.get("peers") or {}
+    if not peers:
+        return []
+    lines = [
+        "## Against what you would deploy instead",
+        "",
+        f"Each peer ran on {summary['peer_threads']} threads (`torch.set_num_threads`, ONNX"
+        " Runtime's `intra_op_num_threads`; TVM's kernels are compiled for the target's"
+        " `num-cores`), timed interleaved with the tuned model in one process. Ratio = tuned ms"
+        " / peer ms: below 1 the tuned model is faster.",
+        "",
+        "| peer | ms | tuned / peer | why not run |",
+        "|---|---:|---:|---|",
+    ]
+    for name, p in peers.items():
+        error = (p["error"] or "").replace("|", "/").replace("\n", " ")
+        lines.append(
+            f"| {name} | {fmt(p['ms'], '.3f')} | {fmt(p['ratio_vs_tuned'], '.2f')} | {error} |"
+        )
+    return [*lines, ""]
+
+
+def roofline_lines(summary: dict[str, Any]) -> list[str]:
+    """The roofline tables: each task against the machine's peak, ONNX Runtime per group."""
+    roof = summary.get("roofline")
+    if not roof:
+        return []
+    peak = roof["peak"]
+    lines = ["## Where the time goes", ""]
+    if peak:
+        load = peak.get("load_average")
+        lines += [
+            f"Machine peak: {peak['gflops']:.0f} GFLOPS fp32, {peak['gbps']:.1f} GB/s"
+            f" ({peak['method']}; measured {peak['measured']} on {peak['cpu']}"
+            + (f", load average {load[0]:.1f}" if load else "")
+            + "; cached per CPU and thread count: delete ~/.cache/gradtune/peak.json to measure"
+            " again).",
+            "",
+        ]
+    else:
+        lines += ["No peak: the target is not this CPU.", ""]
+    lines += [
+        "Per call at the tuned latency. Bytes moved: "
+        + roof["bytes"]
+        + ". The roofline share is the larger of the FLOPS and bandwidth shares (the fraction"
+        " of min(peak FLOPS, intensity × peak GB/s) reached).",
+        "",
+        "| task | group | calls | MFLOP | tuned µs | GFLOPS | % peak FLOPS | KB moved (≥) "
+        "| GB/s | % peak GB/s | % roofline |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in roof["tasks"]:
+        cells = [
+            r["task"], r["group"], str(r["calls"]), f"{r['mflop']:.2f}", fmt(r["tuned_us"]),
+            fmt(r["gflops"]), fmt(r["peak_flops_share"], ".1f", 100), f"{r['bytes'] / 1024:.1f}",
+            fmt(r["gbps"]), fmt(r["peak_bw_share"], ".1f", 100),
+            fmt(r["roofline_share"], ".1f", 100),
+        ]  # fmt: skip
+        lines.append(md_row(cells))
+    lines += [
+        "",
+        f"ONNX Runtime against the tuned kernels by operator group ({roof['peer_mapping']}):",
+        "",
+        md_row(["group", "TVM tasks", "tuned µs (Σ calls × µs)", "ONNX Runtime µs", "operators"]),
+        "|---|---:|---:|---:|---|",
+    ]
+    for g in roof["groups"]:
+        cells = [g["group"], str(g["tasks"]), f"{g['tuned_us']:.1f}", fmt(g["ort_us"])]
+        lines.append(md_row([*cells, ", ".join(g["ort_ops"])]))
+    groups = roof["groups"]
+    ort_total = (
+        None if any(g["ort_us"] is None for g in groups) else sum(g["ort_us"] for g in groups)
+    )
+    total = sum(g["tuned_us"] for g in groups)
+    lines.append(md_row(["**all**", str(len(roof["tasks"])), f"{total:.1f}", fmt(ort_total), ""]))
+    return [*lines, ""]
 
 
 def plot_progress(rounds: list[RoundLog], untuned_us: float, path: Path, title: str) -> Path:
@@ -98,6 +190,7 @@ def write_report(
         "",
         f"Numerics: max abs error vs {summary['reference']} {summary['max_abs_err']:.3g}.",
         "",
+        *peer_lines(summary),
         "## Tasks",
         "",
         "Each task's default schedule is measured like every candidate; where none beat it, the"
@@ -105,6 +198,7 @@ def write_report(
         "",
         *table,
         "",
+        *roofline_lines(summary),
         "## Progress",
         "",
         f"![best latency vs tuning time]({png.name})",

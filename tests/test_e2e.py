@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -32,7 +33,25 @@ def _check_outputs(out: Path, trials: int) -> dict:
     assert summary["total_trials"] == len(_records(out)) == trials
     assert summary["untuned_ms"] > 0 and summary["tuned_ms"] > 0 and summary["reference_ms"] > 0
     assert summary["max_abs_err"] < 1e-2
-    assert (out / "report.md").read_text().startswith("# gradtune report")
+    report = (out / "report.md").read_text()
+    assert report.startswith("# gradtune report")
+    # The peers, timed beside the tuned model: each has a latency or says why it has none.
+    assert set(summary["peers"]) == {"ONNX Runtime", "torch.compile", "PyTorch eager"}
+    for name, peer in summary["peers"].items():
+        assert peer["ms"] > 0 if peer["error"] is None else peer["ms"] is None, (name, peer)
+        assert f"| {name} |" in report
+    ort = summary["peers"]["ONNX Runtime"]
+    assert ort["ms"] > 0 and ort["ratio_vs_tuned"] == pytest.approx(summary["tuned_ms"] / ort["ms"])
+    assert summary["peer_threads"] == summary["target"]["num-cores"]
+    # The roofline: every task against the machine's peak, ONNX Runtime's profile per group.
+    roof = summary["roofline"]
+    assert roof["peak"]["gflops"] > 0 and roof["peak"]["gbps"] > 0
+    assert [r["task"] for r in roof["tasks"]] == list(summary["best_task_us"])
+    assert all(r["gflops"] > 0 and 0 < r["roofline_share"] for r in roof["tasks"])
+    assert [g["group"] for g in roof["groups"]] == ["matmul"]  # two Linear layers
+    assert roof["groups"][0]["ort_us"] > 0 and "Gemm" in " ".join(roof["groups"][0]["ort_ops"])
+    assert "## Against what you would deploy instead" in report
+    assert "## Where the time goes" in report and "Machine peak:" in report
     assert (out / "tuning_curve.png").stat().st_size > 1000
     assert (out / "model.so").exists()
     return summary
@@ -68,10 +87,15 @@ def test_pytorch_model_interrupted_then_resumed_then_pulled(tmp_path):
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     after = _records(out)
     assert after[: len(before)] == before, "measurements from before the interruption were kept"
-    traces = [json.dumps(json.loads(line)[1][0]) for line in after]
+    # (workload, trace): every task's default schedule has the same empty trace.
+    traces = [json.dumps([json.loads(line)[0], json.loads(line)[1][0]]) for line in after]
     assert len(set(traces)) == len(traces), "a kept measurement was measured again"
     summary = _check_outputs(out, 16)
     assert summary["resumed_trials"] == len(before)
+    # A PyTorch model: exported to ONNX for ONNX Runtime; eager is its reference.
+    assert summary["peers"]["PyTorch eager"]["ms"] == summary["reference_ms"]
+    if shutil.which("g++"):  # torch.compile's inductor builds C++
+        assert summary["peers"]["torch.compile"]["ms"] > 0
     assert "registered e2e-mlp@champion" in resumed.stdout.replace("\n", " ")
 
     pulled = run_cli("pull", "e2e-mlp@champion", "--out", str(tmp_path / "pulled"),
@@ -108,6 +132,10 @@ def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_se
     assert "Starting temporary server" not in result.stderr  # the real server was used
     summary = _check_outputs(out, 8)
     assert summary["framework"] == "onnx" and summary["reference"] == "ONNX Runtime"
+    assert summary["peers"]["ONNX Runtime"]["ms"] == summary["reference_ms"]
+    for name in ("torch.compile", "PyTorch eager"):  # PyTorch only through onnx2torch
+        peer = summary["peers"][name]
+        assert peer["ms"] or "onnx2torch" in peer["error"], peer
     assert summary["registered"] == "gradtune-tiny-mlp@champion"
     assert "ONNX Runtime" in result.stdout
 

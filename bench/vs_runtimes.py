@@ -1,0 +1,364 @@
+"""Is a tuned model worth deploying? gradtune against ONNX Runtime, torch.compile and eager.
+
+Protocol:
+
+1. **Models** (``searchbench.models``, as bench/search_efficiency.py uses them): the four
+   examples (ResNet-18-like, MobileNetV2-like, Transformer encoder, DCGAN-like: zoo models,
+   whose workloads the default cost model was pretrained on) and three in no zoo (bench/models/:
+   an MBConv/squeeze-excitation CNN, a small UNet, a BERT-style block tuned from ONNX).
+2. **Tune**: ``gradtune tune FILE --time-budget B --trials 5000`` in a subprocess, every other
+   option the CLI's default (gradient search with the shipped pretrained cost model, local RPC
+   fleet, this CPU with its core count), into ``WORK/runs/<model>``.
+3. **Time**: a fresh process loads the exported ``model.so``, checks its outputs against the
+   reference, builds the peers (``gradtune.peers``: ONNX Runtime, torch.compile, PyTorch eager,
+   all on the target's ``num-cores`` threads) and times them with the tuned model interleaved
+   in that one process (``time_interleaved``: alternating calls, the median of ``--repeats``
+   repeats, at least 7). The ONNX model's PyTorch peers run its source's ``get_model()``, the
+   seeded network its ONNX file was exported from.
+4. **Ratio** = tuned ms / peer ms: below 1 the tuned model is faster. The geomean is over the
+   models ONNX Runtime ran.
+
+Resumable: each model's result is ``WORK/results/<model>.json`` and a model whose result
+matches the budget and the model's source is skipped (delete the file to redo it); a tune
+that did not finish is started again from nothing, so the budget holds.
+
+    .venv/bin/python bench/vs_runtimes.py [--budget 480] [--models ...] [--work DIR]
+    nohup .venv/bin/python bench/vs_runtimes.py > /tmp/vs_runtimes.log 2>&1 &
+
+Writes ``--out``/vs_runtimes.{md,json} (commit, machine, load averages; marked PARTIAL until
+every model finished). The last line printed is one JSON object: ``{"models": {name:
+{"vs_ort", "vs_torch_compile", "budget_s"}}, "geomean_vs_ort"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from searchbench.layout import write_json
+from searchbench.models import MODELS, ROOT, BenchModel
+from searchbench.report import git_commit, machine
+
+TRIALS = 5000  # as search_efficiency: the budget ends the run; the trials only size batches
+MIN_REPEATS = 7
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=480.0, help="tuning seconds per model")
+    parser.add_argument("--trials", type=int, default=TRIALS, help="gradtune tune --trials")
+    parser.add_argument("--repeats", type=int, default=11, help=f"timing repeats (≥ {MIN_REPEATS})")
+    parser.add_argument("--models", nargs="+", default=None, choices=sorted(MODELS))
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "vs_runtimes")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    # Internal: the timing step, run in a fresh process.
+    parser.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.repeats < MIN_REPEATS:
+        parser.error(f"--repeats must be at least {MIN_REPEATS}")
+    return args
+
+
+def result_path(work: Path, model: str) -> Path:
+    return work / "results" / f"{model}.json"
+
+
+def run_dir(work: Path, model: str) -> Path:
+    return work / "runs" / model
+
+
+def finished(work: Path, bench: BenchModel, budget: float, trials: int) -> bool:
+    path = result_path(work, bench.name)
+    if not path.is_file():
+        return False
+    result = json.loads(path.read_text())
+    return (
+        result.get("budget_s") == budget
+        and result.get("trials_budget") == trials
+        and result.get("source_sha1") == bench.source_sha1()
+    )
+
+
+# --------------------------------------------------------------------------- tune
+
+
+def tune(work: Path, bench: BenchModel, budget: float, trials: int) -> dict[str, Any]:
+    """``gradtune tune`` with the CLI's defaults at ``budget``; returns its summary.json."""
+    out = run_dir(work, bench.name)
+    summary = out / "summary.json"
+    stamp = out / "bench.json"  # what this directory was tuned with
+    wanted = {"budget_s": budget, "trials": trials, "source_sha1": bench.source_sha1()}
+    if summary.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
+        return json.loads(summary.read_text())
+    if out.exists():
+        shutil.rmtree(out)  # half a tune, or another budget: from nothing, so the budget holds
+    out.mkdir(parents=True)
+    write_json(stamp, wanted)
+    argv = [sys.executable, "-m", "gradtune.cli", "tune", str(bench.tuning_file(work)),
+            "--time-budget", str(budget), "--trials", str(trials), "--out", str(out / "tune"),
+            "--name", f"vs-runtimes-{bench.name}".replace("_", "-")]  # fmt: skip
+    print(f"{bench.name}: tuning for {budget:.0f} s", flush=True)
+    with open(out / "tune.log", "w") as log:
+        proc = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"gradtune tune exited {proc.returncode}; see {out / 'tune.log'}")
+    shutil.copy(out / "tune" / "summary.json", summary)
+    return json.loads(summary.read_text())
+
+
+# --------------------------------------------------------------------------- time
+
+
+def source_module(bench: BenchModel) -> Any:
+    """The PyTorch network of a benchmark model's source (``get_model()``, seeded)."""
+    spec = importlib.util.spec_from_file_location(f"vs_runtimes_{bench.name}", bench.source)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module.get_model()[0]
+
+
+def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
+    """Child: the tuned library against the peers, interleaved in this process."""
+    from gradtune import compilation, peers
+    from gradtune.frontend import load_model
+    from gradtune.pipeline import peer_threads
+    from gradtune.target import make_target
+
+    bench = MODELS[name]
+    out = run_dir(work, name)
+    summary = json.loads((out / "summary.json").read_text())
+    target = make_target(summary["target"])
+    model = load_model(bench.tuning_file(work))
+    import tvm
+
+    tuned = compilation.Runner(
+        tvm.runtime.load_module(str(out / "tune" / "model.so")), target, model.inputs
+    )
+    err = compilation.verify(tuned.outputs(), model.reference_outputs, "tuned TVM")
+    threads = peer_threads(summary["target"])
+    twin = source_module(bench) if model.framework == "onnx" else None
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    with peers.torch_threads(threads):
+        found = peers.build_peers(model, threads, twin)
+        ms = compilation.time_interleaved({"tuned": tuned.run, **found.runnable()}, repeats)
+    errors = found.errors()
+    peer = {p: {"ms": ms.get(p), "error": errors.get(p)} for p in peers.PEER_NAMES}
+
+    def ratio(p: str) -> float | None:
+        return ms["tuned"] / ms[p] if p in ms else None
+
+    return {
+        "model": name,
+        "tuned_ms": ms["tuned"],
+        "peers": peer,
+        "vs_ort": ratio(peers.ORT),
+        "vs_torch_compile": ratio(peers.TORCH_COMPILE),
+        "vs_eager": ratio(peers.EAGER),
+        "max_abs_err": err,
+        "threads": threads,
+        "repeats": repeats,
+        "timing_seconds": round(time.perf_counter() - start, 1),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def time_in_child(work: Path, name: str, repeats: int) -> dict[str, Any]:
+    """Run the timing step in a fresh process (no tuning leftovers: threads, caches, fleet)."""
+    path = run_dir(work, name) / "timing.json"
+    path.unlink(missing_ok=True)
+    argv = [sys.executable, str(Path(__file__).resolve()), "--time", name, "--work", str(work),
+            "--repeats", str(repeats)]  # fmt: skip
+    print(f"{name}: timing against the peers", flush=True)
+    with open(run_dir(work, name) / "timing.log", "w") as log:
+        subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
+    if not path.is_file():
+        raise RuntimeError(f"timing failed; see {run_dir(work, name) / 'timing.log'}")
+    return json.loads(path.read_text())
+
+
+def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
+    work = args.work
+    load_before = os.getloadavg()
+    summary = tune(work, bench, args.budget, args.trials)
+    timing = time_in_child(work, bench.name, args.repeats)
+    result = {
+        "model": bench.name,
+        "zoo_model": bench.zoo_name,
+        "source_sha1": bench.source_sha1(),
+        "framework": summary["framework"],
+        "budget_s": args.budget,
+        "trials_budget": args.trials,
+        "search": summary["search"],
+        "trials": summary["total_trials"],
+        "tuning_seconds": summary["tuning_seconds"],
+        "tasks": summary["tasks"],
+        "default_schedule_tasks": len(summary.get("default_schedule_tasks", [])),
+        "target": summary["target"],
+        "loadavg_before_tuning": [round(x, 2) for x in load_before],
+        # ONNX Runtime's profile against the tuned kernels per operator group, from the tune.
+        "groups": summary.get("roofline", {}).get("groups", []),
+        **timing,
+    }
+    write_json(result_path(work, bench.name), result)
+    return result
+
+
+# --------------------------------------------------------------------------- results
+
+
+def geomean(values: list[float]) -> float | None:
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def fmt(value: float | None, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def gather(args: argparse.Namespace, names: list[str], failed: dict[str, str]) -> dict[str, Any]:
+    results = {}
+    for name in names:
+        if finished(args.work, MODELS[name], args.budget, args.trials):
+            results[name] = json.loads(result_path(args.work, name).read_text())
+    vs_ort = [r["vs_ort"] for r in results.values() if r["vs_ort"] is not None]
+    return {
+        "commit": git_commit(),
+        "machine": machine(next((r["target"] for r in results.values()), None)),
+        "budget_s": args.budget,
+        "trials_budget": args.trials,
+        "partial": len(results) < len(names),
+        "failed": failed,
+        "models": results,
+        "geomean_vs_ort": geomean(vs_ort),
+        "geomean_vs_torch_compile": geomean(
+            [r["vs_torch_compile"] for r in results.values() if r["vs_torch_compile"] is not None]
+        ),
+    }
+
+
+def markdown(data: dict[str, Any]) -> str:
+    m = data["machine"]
+    lines = [
+        "# gradtune against what you would deploy instead"
+        + (" (PARTIAL)" if data["partial"] else ""),
+        "",
+        f"Commit {data['commit']}; CPU {m['cpu']} ({m['logical_cores']} logical cores); target "
+        f"`{json.dumps(m['target'])}`. Each model tuned by `gradtune tune --time-budget "
+        f"{data['budget_s']:.0f} --trials {data['trials_budget']}` (every other option the "
+        "CLI's default), then its compiled library timed against the peers interleaved in one "
+        "fresh process, all on the target's core count (median of the repeats). Ratio = tuned "
+        "ms / peer ms: below 1 the tuned model is faster. The machine may be shared: see the "
+        "load averages (1, 5, 15 min) recorded per model.",
+        "",
+        "| model | zoo | trials | tuned ms | ONNX Runtime ms | torch.compile ms | eager ms "
+        "| vs ORT | vs torch.compile | vs eager | load avg (timing) |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    notes = []
+    for name, r in data["models"].items():
+        p = r["peers"]
+        cells = [
+            name, r["zoo_model"] or "held out", str(r["trials"]), f"{r['tuned_ms']:.3f}",
+            fmt(p["ONNX Runtime"]["ms"], ".3f"), fmt(p["torch.compile"]["ms"], ".3f"),
+            fmt(p["PyTorch eager"]["ms"], ".3f"), fmt(r["vs_ort"]), fmt(r["vs_torch_compile"]),
+            fmt(r["vs_eager"]), " / ".join(f"{x:.1f}" for x in r["loadavg_before"]),
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+        notes += [f"- {name}, {peer}: {v['error']}" for peer, v in p.items() if v["error"]]
+    lines += [
+        "",
+        f"Geomean vs ONNX Runtime: {fmt(data['geomean_vs_ort'])}; vs torch.compile: "
+        f"{fmt(data['geomean_vs_torch_compile'])}.",
+        "",
+    ]
+    if notes:
+        lines += ["Peers that did not run:", "", *notes, ""]
+    if data["failed"]:
+        lines += ["Failed:", "", *[f"- {k}: {v}" for k, v in data["failed"].items()], ""]
+    lines += [
+        "## Where the time goes, per operator group",
+        "",
+        "From each tune's report: the tuned kernels (Σ calls × µs) against ONNX Runtime's "
+        "profiler, totalled per operator group (their fusions differ, so no node maps to one "
+        "task).",
+        "",
+        "| model | group | TVM tasks | tuned µs | ONNX Runtime µs |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for name, r in data["models"].items():
+        for g in r["groups"]:
+            cells = [
+                name,
+                g["group"],
+                str(g["tasks"]),
+                f"{g['tuned_us']:.1f}",
+                fmt(g["ort_us"], ".1f"),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def summary_line(data: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "models": {
+            name: {
+                "vs_ort": r["vs_ort"],
+                "vs_torch_compile": r["vs_torch_compile"],
+                "budget_s": r["budget_s"],
+            }
+            for name, r in data["models"].items()
+        },
+        "geomean_vs_ort": data["geomean_vs_ort"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.work = args.work.resolve()
+    if args.time:
+        record = time_model(args.work, args.time, args.repeats)
+        write_json(run_dir(args.work, args.time) / "timing.json", record)
+        return 0
+    names = args.models or list(MODELS)
+    failed: dict[str, str] = {}
+    for name in names:
+        bench = MODELS[name]
+        if finished(args.work, bench, args.budget, args.trials):
+            print(f"{name}: done before, kept", flush=True)
+            continue
+        try:
+            result = bench_model(args, bench)
+        except KeyboardInterrupt:
+            print("interrupted: run the same command to resume", file=sys.stderr)
+            return 130
+        except Exception as err:
+            traceback.print_exc()
+            failed[name] = f"{type(err).__name__}: {err}"
+            continue
+        print(f"{name}: tuned {result['tuned_ms']:.3f} ms, vs ORT {fmt(result['vs_ort'])}, "
+              f"vs torch.compile {fmt(result['vs_torch_compile'])}", flush=True)  # fmt: skip
+    data = gather(args, names, failed)
+    text = markdown(data)
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(args.out / "vs_runtimes.json", data)
+    (args.out / "vs_runtimes.md").write_text(text)
+    print(text)
+    print(json.dumps(summary_line(data)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -161,19 +161,22 @@ def _keep_deadline(scope: _ProcessScope, read_end: int) -> None:
 
 
 def _exit_now(scope: _ProcessScope) -> None:
-    """Exit with the shell's code for the signal, taking every descendant along (Prefect's
-    temporary server, build and run workers, the RPC fleet and what its servers forked): no
-    cleanup code of this process runs after ``os._exit``."""
+    """Exit with the shell's code for the signal, taking along the descendants in this
+    process group (Prefect's temporary server, build and run workers): no cleanup code of
+    this process runs after ``os._exit``. Those in groups of their own (the RPC fleet) follow
+    by their own lifelines, which also remove their logs."""
     import psutil
 
     signum = scope.signum or signal.SIGTERM
     for handler in logging.getLogger().handlers:
         with contextlib.suppress(Exception):
             handler.flush()
+    group = os.getpgrp()
     with contextlib.suppress(psutil.Error):
         for child in psutil.Process().children(recursive=True):
-            with contextlib.suppress(psutil.Error):
-                child.kill()
+            with contextlib.suppress(psutil.Error, OSError):
+                if os.getpgid(child.pid) == group:
+                    child.kill()
     os._exit(128 + signum)
 
 

@@ -201,9 +201,11 @@ def _start_python(code: str, *args: str) -> subprocess.Popen:
     return proc
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 @pytest.mark.parametrize(
-    "mode, seconds", [("stuck", (0, 1)), ("stuck-stopping", (2, 3.5)), ("polling", (0, 1))]
+    "mode, seconds",
+    [("stuck", (0, 1)), ("stuck-stopping", (2, 3.5)), ("polling", (0, 1))],
+    ids=["stuck", "stuck-stopping", "polling"],
 )
 def test_a_signal_ends_the_process_in_time_wherever_it_is(mode, seconds, sig):
     """Stuck outside work that can stop: at once. Stuck inside it: when its grace runs out.
@@ -407,7 +409,7 @@ def test_torn_last_lines_are_repaired_on_resume(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=lambda s: s.name)
 def test_a_signal_mid_tune_stops_it_within_10_s_and_resume_finishes_it(tmp_path, sig):
     """SIGINT as a terminal's Ctrl-C sends it (to the CLI's process group), while the RPC
     server measures; SIGTERM as ``timeout`` or CI sends it, while the RPC server hangs (its

@@ -417,15 +417,16 @@ def _supervise_tune(module_argv: list[str]) -> int:
 
 
 def _tune_here(job: TuneJob) -> int:
-    _prefect_defaults()
-    tune_model = load_flow("tune_model")
-    _quiet_prefect_user_errors()
-    from .pipeline import print_summary
-
+    """The tuning flow, in the process ``_supervise_tune`` started."""
     try:
+        _prefect_defaults()
+        tune_model = load_flow("tune_model")
+        _quiet_prefect_user_errors()
+        from .pipeline import print_summary
+
         summary = tune_model(**job.flow_parameters())
     except KeyboardInterrupt:
-        return 130  # the process that relayed the signal reports it
+        return 130  # the process that relayed the signal says so
     print_summary(summary)
     return 0
 

@@ -20,8 +20,9 @@ Two scopes do that:
   unwind (its records written, the RPC fleet stopped), other work none. When it runs out, the
   process exits at once with the shell's code for the signal (128 + its number). What it
   measured is safe: the tuning database is appended a whole line per record (a line cut short
-  by the exit is repaired on resume, see ``database_repair``), and the helper processes die
-  with it (``lifeline``).
+  by the exit is repaired on resume, see ``database_repair``), and its helper processes go
+  with it (those of its process group killed on the way out, the RPC fleet by its
+  ``lifeline``).
 
 A Python handler runs only when the main thread next executes Python bytecode, which during a
 C++ wait may be never; so the process scope also has Python's C-level handler write each
@@ -76,14 +77,12 @@ class _ProcessScope:
         with contextlib.suppress(OSError):
             os.write(self.wakeup, bytes([signum]))
 
-    def note(self, signum: int) -> bool:
-        """Record ``signum`` and set every ``StopSignal``; whether it is the first signal."""
-        first = self.signum is None
-        if first:
+    def note(self, signum: int) -> None:
+        """Record ``signum`` (unless a signal came before) and set every ``StopSignal``."""
+        if self.signum is None:
             self.signum = signum
         for stop in list(self.stops):
             stop.set()
-        return first
 
 
 _process: _ProcessScope | None = None  # the active ``exit_on_signals`` scope, if any
@@ -185,8 +184,9 @@ def defer_signals(stop: StopSignal) -> Iterator[None]:
     """While inside, SIGINT and SIGTERM set ``stop`` and nothing else; on the way out, one
     that came is handed on to the handler that was there before (see the module docstring).
 
-    Inside ``exit_on_signals``, this is the work that scope gives its grace to. Elsewhere
-    outside the main thread, where Python cannot install signal handlers, nothing is watched.
+    Inside ``exit_on_signals``, this is the work that scope gives its grace to. Outside it,
+    and outside the main thread (where Python cannot install signal handlers), nothing is
+    watched.
     """
     scope = _process
     if scope is not None:

@@ -265,6 +265,36 @@ def test_a_helper_process_dies_with_its_owner_killed_with_9(tmp_path):
     assert not logs.exists()
 
 
+POOL_OWNER = textwrap.dedent("""
+    import os, sys, time
+    from tvm.support.popen_pool import PopenPoolExecutor
+    from gradtune.measure.builder import worker_lifeline
+
+    def build(started):  # one that takes long
+        with open(started, "w") as f:
+            f.write(str(os.getpid()))
+        time.sleep(600)
+
+    pool = PopenPoolExecutor(max_workers=1, initializer=worker_lifeline())
+    pool.submit(build, sys.argv[1])
+    while not os.path.exists(sys.argv[1]) or not open(sys.argv[1]).read():
+        time.sleep(0.1)
+    print("ready", flush=True)
+    time.sleep(600)
+""")
+
+
+def test_a_busy_build_worker_dies_with_its_owner_killed_with_9(tmp_path):
+    """A worker reads its next job from a pipe and would see its owner gone only after the
+    build in hand, up to the build timeout later."""
+    started = tmp_path / "started"
+    owner = _start_python(POOL_OWNER, str(started))
+    worker = psutil.Process(int(started.read_text()))
+    owner.kill()
+    owner.wait()
+    assert _gone([worker], within=5), "the build worker outlived its owner"
+
+
 def _gone(procs: list[psutil.Process], within: float) -> bool:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:

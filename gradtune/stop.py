@@ -27,7 +27,9 @@ Two scopes do that:
 A Python handler runs only when the main thread next executes Python bytecode, which during a
 C++ wait may be never; so the process scope also has Python's C-level handler write each
 signal's number to a pipe (``signal.set_wakeup_fd``), and a thread waiting on that pipe keeps
-the deadline whatever the main thread is doing.
+the deadline whatever the main thread is doing. That thread still needs the interpreter, so
+``gradtune tune`` adds a backstop outside it: the flow runs in a process of its own, which the
+CLI relays signals to and kills, with its process group, two seconds after this deadline.
 """
 
 from __future__ import annotations

@@ -2,6 +2,11 @@
 
 Its parameters are ``gradtune.job.TuneJob``'s fields, flat and typed so that Prefect's UI
 renders them as a form; ``target`` is text: "llvm" (this CPU), "cuda", or a JSON target object.
+
+SIGINT or SIGTERM (a Prefect cancellation is a SIGTERM to the flow run's process) stops the
+run within ``gradtune.stop.GRACE_SECONDS``, resumable (``gradtune.stop.exit_on_signals``). It is
+installed in the flow's body: Prefect's engine installs its own SIGTERM handler when the run
+starts, which raises wherever the main thread is, TVM's callbacks included.
 """
 
 from __future__ import annotations
@@ -12,6 +17,7 @@ from prefect import flow
 
 from gradtune.entrypoints import load_tasks
 from gradtune.job import make_job
+from gradtune.stop import exit_on_signals
 
 tuning = load_tasks("tuning", __file__)
 
@@ -43,8 +49,9 @@ def tune_model(
         key=key, mlflow_uri=mlflow_uri, name=name, alias=alias, rpc_servers=rpc_servers,
         seed=seed, measure=measure,
     )  # fmt: skip
-    imported = tuning.import_model(job)
-    fused, tasks = tuning.partition_model(imported, job.target)
-    tuned = tuning.tune_model_tasks(job, tasks, job.target)
-    compiled = tuning.compile_model(job, imported, fused, job.target)
-    return tuning.report_and_register(job, imported, tasks, tuned, compiled)
+    with exit_on_signals():
+        imported = tuning.import_model(job)
+        fused, tasks = tuning.partition_model(imported, job.target)
+        tuned = tuning.tune_model_tasks(job, tasks, job.target)
+        compiled = tuning.compile_model(job, imported, fused, job.target)
+        return tuning.report_and_register(job, imported, tasks, tuned, compiled)

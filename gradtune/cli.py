@@ -14,6 +14,7 @@ from typing import NoReturn
 
 from .entrypoints import load_flow
 from .errors import GradtuneError
+from .job import TuneJob
 
 
 def _prefect_defaults() -> None:
@@ -265,7 +266,7 @@ def cmd_dataset(args: argparse.Namespace) -> int:
         tracker = parse_tracker(args.tracker, args.key)
         check_tracker(tracker)
     if os.environ.get(_RELAYED_BY) != str(os.getppid()):  # see _run_in_own_session
-        return _run_in_own_session(_collect_argv(args))
+        return _run_in_own_session(_collect_argv(args))[0]
     settings = CollectSettings(
         random_per_workload=args.random,
         evolutionary_per_workload=args.evolutionary,
@@ -298,27 +299,40 @@ def cmd_dataset(args: argparse.Namespace) -> int:
     return 0
 
 
-# Set in the environment of the collection's own process to the pid of the one relaying to it.
-_RELAYED_BY = "GRADTUNE_COLLECT_RELAYED_BY"
+# Set in the environment of a command's own process to the pid of the one relaying to it.
+_RELAYED_BY = "GRADTUNE_RELAYED_BY"
 
 
-def _run_in_own_session(argv: list[str]) -> int:
-    """Run ``argv`` as the leader of a new session, relaying SIGINT and SIGTERM to it; returns
-    its exit code.
+def _run_in_own_session(
+    module_argv: list[str], kill_after: float | None = None
+) -> tuple[int, int | None]:
+    """Run ``python -m MODULE ARG ...`` as the leader of a new session, relaying SIGINT and
+    SIGTERM to it; returns its exit code and the first signal relayed (None if none).
 
     A terminal's Ctrl-C signals its whole foreground process group (so does ``kill -- -PGID``):
-    Prefect's temporary API server and TVM's build and run workers would die with the
-    collection's batch in flight, and the flow with them. In a session of its own, the
-    collection hears only the signals relayed here, each of which stops it cleanly (the first
-    after its batch, a second at once).
+    Prefect's temporary API server and TVM's build and run workers would die with the batch in
+    flight, and the flow with them. In a session of its own, the command hears only the
+    signals relayed here, each of which stops it cleanly.
+
+    The child dies with this process (``gradtune.lifeline``), a kill -9 of it included, and
+    takes its process group along. With ``kill_after``, the group is also SIGKILLed that many
+    seconds after the first signal if the child still runs (a second signal: at once), for the
+    child may be blocked where no signal reaches. What is left of the group once the child
+    has exited is killed in any case: those are its helpers.
     """
     import signal
     import subprocess
+    import time
 
     child: subprocess.Popen | None = None
     early: list[int] = []  # signals from before the child existed, sent once it does
+    relayed: list[int] = []
+    deadline = [None]  # monotonic time at which to kill the child's group
 
     def relay(signum: int, frame: object) -> None:
+        if kill_after is not None:
+            deadline[0] = time.monotonic() + (kill_after if not relayed else 0.0)
+        relayed.append(signum)
         if child is None:
             early.append(signum)
         else:
@@ -328,19 +342,40 @@ def _run_in_own_session(argv: list[str]) -> int:
     previous = {sig: signal.signal(sig, relay) for sig in handled}
     try:
         env = {**os.environ, _RELAYED_BY: str(os.getpid())}
+        argv = [sys.executable, "-m", "gradtune.lifeline", str(os.getpid()), *module_argv]
         child = subprocess.Popen(argv, env=env, start_new_session=True)
         for signum in early:
             child.send_signal(signum)
-        code = child.wait()
+        while True:
+            # Polled, not waited: a signal handled during a blocking wait would resume it,
+            # leaving the deadline unwatched.
+            try:
+                code = child.wait(timeout=0.2)
+                break
+            except subprocess.TimeoutExpired:
+                if deadline[0] is not None and time.monotonic() >= deadline[0]:
+                    _kill_group(child.pid)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    return code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+        if child is not None:
+            _kill_group(child.pid)
+    code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
+    return code, (relayed[0] if relayed else None)
+
+
+def _kill_group(pgid: int) -> None:
+    import signal
+
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def _collect_argv(args: argparse.Namespace) -> list[str]:
     """The ``dataset collect`` command line of ``args`` (each option's dest is its flag)."""
-    argv = [sys.executable, "-m", "gradtune.cli"]
+    argv = ["gradtune.cli"]
     argv += ["--debug"] if args.debug else []  # a top-level flag: before the subcommand
     argv += ["dataset", "collect"]
     for dest, value in vars(args).items():
@@ -349,12 +384,28 @@ def _collect_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+def _tune_argv(args: argparse.Namespace) -> list[str]:
+    """The ``tune`` command line of ``args`` (each option's dest is its flag)."""
+    argv = ["gradtune.cli"]
+    argv += ["--debug"] if args.debug else []  # a top-level flag: before the subcommand
+    argv += ["tune"]
+    for dest, value in vars(args).items():
+        flag = f"--{dest.replace('_', '-')}"
+        if dest in ("command", "model", "debug") or value is None or value is False:
+            continue
+        if value is True:
+            argv.append(flag)
+        else:
+            for item in value if isinstance(value, list) else [value]:
+                argv += [flag, str(item)]
+    return [*argv, "--", args.model]
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from .frontend import parse_input_shapes
     from .preflight import checked_job
 
-    job = checked_job(
-        args.target,
+    settings = dict(
         model=args.model,
         entry=args.entry,
         input_shapes=parse_input_shapes(args.input_shape),
@@ -372,12 +423,51 @@ def cmd_tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         measure=args.measure,
     )
-    _prefect_defaults()
-    tune_model = load_flow("tune_model")
-    _quiet_prefect_user_errors()
-    from .pipeline import print_summary
+    if os.environ.get(_RELAYED_BY) == str(os.getppid()):
+        # The process of _run_in_own_session: its parent checked everything (checked_job).
+        from .job import make_job
 
-    summary = tune_model(**job.flow_parameters())
+        return _tune_here(make_job(args.target, **settings))
+    checked_job(args.target, **settings)
+    return _supervise_tune(_tune_argv(args))
+
+
+# The tuning flow stops itself within stop.GRACE_SECONDS of a signal; this is the backstop.
+_TUNE_KILL_AFTER = 7.0
+
+
+def _supervise_tune(module_argv: list[str]) -> int:
+    """Run the tuning in its own session (``_run_in_own_session``), so that however it is
+    blocked, a signal ends it within ``_TUNE_KILL_AFTER`` seconds; say how it ended if not on
+    its own."""
+    import signal
+
+    code, signum = _run_in_own_session(module_argv, kill_after=_TUNE_KILL_AFTER)
+    resume = "rerun the same command with --resume to continue (measured records are kept)"
+    if signum is not None:
+        print(f"gradtune: stopped by {signal.Signals(signum).name}; {resume}", file=sys.stderr)
+        # Now, as a signal ends a process: tearing down an interpreter that has imported
+        # PyTorch and MLflow (to check the job) takes seconds on a loaded machine.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(128 + signum)
+    if code > 128 and code - 128 in {s.value for s in signal.Signals}:
+        name = signal.Signals(code - 128).name
+        print(f"gradtune: the tuning process was killed ({name}); {resume}", file=sys.stderr)
+    return code
+
+
+def _tune_here(job: TuneJob) -> int:
+    """The tuning flow, in the process ``_supervise_tune`` started."""
+    try:
+        _prefect_defaults()
+        tune_model = load_flow("tune_model")
+        _quiet_prefect_user_errors()
+        from .pipeline import print_summary
+
+        summary = tune_model(**job.flow_parameters())
+    except KeyboardInterrupt:
+        return 130  # the process that relayed the signal says so
     print_summary(summary)
     return 0
 

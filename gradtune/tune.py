@@ -6,6 +6,11 @@ and the gradient task scheduler are MetaSchedule's. The loop hands the strategy 
 ``Session`` (``search/session.py``): the stop signal that ends the run between rounds (time
 budget, Ctrl-C), and the place where the strategy's account of each batch meets the loop's
 measure callback, which writes the batch's one ``RoundLog``.
+
+SIGINT and SIGTERM set that stop signal too (``stop.defer_signals``) and are handed on once
+the scheduler has returned: raised inside one of the Python callbacks TVM calls, they would be
+swallowed or crash the process. The database is repaired before it is opened
+(``database_repair``): a run killed mid-append leaves a line that TVM cannot read.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .database_repair import repair_database
 from .errors import GradtuneError
 from .measure.adaptive import MeasureCost, TaskBests, prim_func_signature
 from .measure.baseline import kept_defaults, measure_defaults
@@ -28,7 +34,7 @@ from .measure.runner import MeasureSettings, make_rpc_runner
 from .partition import TuningTask
 from .search import SEARCH_STRATEGIES, make_strategy
 from .search.session import ReportingStrategy, RoundLog, RunSummary, Session
-from .stop import watch_sigint
+from .stop import defer_signals
 from .tvm_compat import register_tensor_intrinsics
 
 log = logging.getLogger(__name__)
@@ -50,12 +56,16 @@ class TuneResult:
 
 
 def run_database(work_dir: Path):
-    """The JSONDatabase a tuning run in ``work_dir`` writes (and resumes from)."""
+    """The JSONDatabase a tuning run in ``work_dir`` writes (and resumes from), repaired
+    first if a crash left it torn."""
     from tvm.s_tir import meta_schedule as ms
 
+    path_workload = work_dir / "database_workload.json"
+    path_tuning_record = work_dir / "database_tuning_record.json"
+    repair_database(path_workload, path_tuning_record)
     return ms.database.JSONDatabase(
-        path_workload=str(work_dir / "database_workload.json"),
-        path_tuning_record=str(work_dir / "database_tuning_record.json"),
+        path_workload=str(path_workload),
+        path_tuning_record=str(path_tuning_record),
         allow_missing=True,
         module_equality="structural",
     )
@@ -274,38 +284,29 @@ def tune(
     runner = make_rpc_runner(
         tracker, measure or MeasureSettings(), max_workers=num_rpc_workers, task_best=task_best
     )
-    interrupted, restore_sigint = watch_sigint(on_interrupt=session.stop.set)
     try:
-        # Measured like every candidate, each task's default schedule is what the search must
-        # beat; the database then never hands the compiler a slower program.
-        defaults = measure_defaults(tasks, target, database, builder, runner)
-        result.trials += defaults
-        best_us.update(best_from_database(database, tasks))
-        if remaining > defaults:
-            ms.tune_tasks(
-                tasks=contexts,
-                task_weights=[float(t.weight) for t in tasks],
-                work_dir=str(work_dir),
-                max_trials_global=remaining - defaults,
-                num_trials_per_iter=trials_per_round,
-                builder=builder,
-                runner=runner,
-                database=database,
-                cost_model="xgb",
-                measure_callbacks=callbacks,
-                task_scheduler="gradient",
-            )
-    except Exception:
-        # TVM's FFI turns a KeyboardInterrupt raised inside the C++ scheduler's callbacks into a
-        # bare RuntimeError; give the user back the interrupt they asked for.
-        if interrupted():
-            raise KeyboardInterrupt from None
-        raise
+        with defer_signals(session.stop):
+            # Measured like every candidate, each task's default schedule is what the search
+            # must beat; the database then never hands the compiler a slower program.
+            defaults = measure_defaults(tasks, target, database, builder, runner)
+            result.trials += defaults
+            best_us.update(best_from_database(database, tasks))
+            if remaining > defaults and not session.stop.stopped:
+                ms.tune_tasks(
+                    tasks=contexts,
+                    task_weights=[float(t.weight) for t in tasks],
+                    work_dir=str(work_dir),
+                    max_trials_global=remaining - defaults,
+                    num_trials_per_iter=trials_per_round,
+                    builder=builder,
+                    runner=runner,
+                    database=database,
+                    cost_model="xgb",
+                    measure_callbacks=callbacks,
+                    task_scheduler="gradient",
+                )
     finally:
-        restore_sigint()
         runner.pool.shutdown()
-    if interrupted():  # swallowed on the way (see watch_sigint); the stop signal ended the run
-        raise KeyboardInterrupt
     devices.raise_if_lost()
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary

@@ -1,3 +1,10 @@
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
 import psutil
 import pytest
 
@@ -6,7 +13,14 @@ from gradtune.measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker,
 
 
 def _children_alive(pids):
-    return [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    alive = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                alive.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return alive
 
 
 def test_local_fleet_registers_and_stops_everything():
@@ -35,3 +49,47 @@ def test_fleet_stops_on_error_inside():
 def test_parse_tracker_errors(spec, key, message):
     with pytest.raises(GradtuneError, match=message):
         parse_tracker(spec, key)
+
+
+def test_fleet_removes_its_logs_and_keeps_them_when_it_fails_to_start():
+    fleet = LocalFleet()
+    with fleet:
+        logs = fleet._log_dir
+        assert os.path.isdir(logs)
+    assert not os.path.exists(logs)
+
+    with pytest.raises(GradtuneError, match=r"did not start within 0 s \(logs in (\S+)\)") as err:
+        with LocalFleet(startup_timeout=0.001):
+            pass
+    logs = re.search(r"logs in (\S+)\)", str(err.value))[1]
+    assert os.path.isdir(logs)
+    shutil.rmtree(logs)
+
+
+OWNER = """
+import sys, time
+from gradtune.measure.rpc_fleet import LocalFleet
+with LocalFleet() as tracker:
+    print(tracker.port, flush=True)
+    time.sleep(600)
+"""
+
+
+def test_fleet_dies_with_its_owner_killed_with_9():
+    """Each member runs in a session of its own (a terminal's Ctrl-C must not reach it), so
+    nothing passes the owner's death on: each member watches its owner itself."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdout=subprocess.PIPE, text=True)
+    port = owner.stdout.readline().strip()
+    assert port, "the fleet did not start"
+    members = psutil.Process(owner.pid).children(recursive=True)
+    assert any(f"127.0.0.1:{port}" in " ".join(p.cmdline()) for p in members)  # a server
+    logs = {
+        p.cmdline()[p.cmdline().index("--remove") + 1] for p in members if "--remove" in p.cmdline()
+    }
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 10
+    while _children_alive([p.pid for p in members]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _children_alive([p.pid for p in members])
+    assert logs and not any(os.path.exists(d) for d in logs)

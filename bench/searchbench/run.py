@@ -21,7 +21,6 @@ import json
 import math
 import os
 import shutil
-import signal
 import time
 from pathlib import Path
 from typing import Any
@@ -53,19 +52,15 @@ def tune_until_deadline(
             "estimated_us": record.estimated_model_us,
         })  # fmt: skip
 
-    # On Ctrl-C / SIGTERM, tune() sets its stop signal and then calls the handler it found;
-    # Python's default one raises KeyboardInterrupt right there, inside a TVM callback, which
-    # crashed the process (TVM's FFI segfaulted) and orphaned the RPC fleet. A no-op instead:
-    # tune() raises KeyboardInterrupt itself once TVM has returned, the fleet then stops.
+    # On Ctrl-C / SIGTERM, tune() sets its stop signal and raises KeyboardInterrupt once TVM
+    # has returned; the fleet then stops.
     timer = api.stop_at(strategy, budget)
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: None)
     try:
         result = api.tune(
             tasks, target, run_dir / DB, tracker, budget, strategy, seed=spec.repeat,
             trials_per_round=spec.per_round, on_round=on_round,
         )  # fmt: skip
     finally:
-        signal.signal(signal.SIGINT, previous)
         timer.cancel()
     wall = time.perf_counter() - start
     return {

@@ -5,11 +5,19 @@ The stock ``default_build`` imports ``tvm.s_tir.tensor_intrin`` in every fresh w
 (``tune_relax`` then returns an untuned module, reporting "Total trials: 0"). CPU float
 schedules never tensorize with those intrinsics; CUDA ones may, so
 GPU builds still import them.
+
+Each worker dies with the process that started it (``lifeline.watch_owner``): a worker in the
+middle of a build would otherwise outlive a tuning run killed with -9 by up to the build
+timeout.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Any
+
+from ..lifeline import watch_owner
 
 
 def fast_build(mod: Any, target: Any, _params: dict | None) -> Any:
@@ -27,5 +35,13 @@ def make_builder(max_workers: int, timeout_sec: float = 60.0):
     from tvm.s_tir import meta_schedule as ms
 
     return ms.builder.LocalBuilder(
-        max_workers=max_workers, timeout_sec=timeout_sec, f_build=fast_build
+        max_workers=max_workers,
+        timeout_sec=timeout_sec,
+        f_build=fast_build,
+        initializer=worker_lifeline(),
     )
+
+
+def worker_lifeline() -> functools.partial:
+    """A worker pool's ``initializer`` that makes each worker die with this process."""
+    return functools.partial(watch_owner, os.getpid())

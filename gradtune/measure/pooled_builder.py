@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from .builder import fast_build, worker_lifeline
+
 
 class PooledBuilder:
     """Builds ``BuilderInput``s with ``fast_build`` in a reused pool; same results as
@@ -25,7 +27,11 @@ class PooledBuilder:
 
         if self._pool is None or self._uses >= self.recycle:
             self.shutdown()
-            self._pool = PopenPoolExecutor(max_workers=self.max_workers, timeout=self.timeout_sec)
+            self._pool = PopenPoolExecutor(
+                max_workers=self.max_workers,
+                timeout=self.timeout_sec,
+                initializer=worker_lifeline(),
+            )
         self._uses += 1
         results = []
         jobs = [(b.mod, b.target) for b in inputs]
@@ -49,8 +55,6 @@ def _build_and_export(job: tuple[Any, Any]) -> str:
     """In a worker: what LocalBuilder's worker does with ``f_build=fast_build`` and no params,
     the module built and exported to a temporary artifact whose path is returned."""
     from tvm.s_tir.meta_schedule.builder.local_builder import default_export
-
-    from .builder import fast_build
 
     mod, target = job
     return default_export(fast_build(mod, target, None))

@@ -6,6 +6,13 @@ machine (the default fleet) and a remote device (``--tracker host:port --key nam
 A TVM RPC server loads and runs whatever library a client sends it: anyone who reaches its port
 runs code on this machine. So the fleet listens on the loopback interface, and any other
 address is refused unless ``allow_network`` says the network is trusted.
+
+Each member runs in a session of its own, so that a terminal's Ctrl-C (sent to the whole
+foreground process group) cannot kill a server mid-measure; the fleet is stopped by its owner
+instead, a process group at a time, which reaches the workers a server forks. Should the owner
+die without stopping it (kill -9), each member kills its own group (``gradtune.lifeline``).
+Their logs go to a temporary directory, removed with the fleet, and kept only when the fleet
+failed to start, where the error names it.
 """
 
 from __future__ import annotations
@@ -13,6 +20,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import shutil
 import signal
 import socket
 import struct
@@ -127,6 +135,9 @@ class LocalFleet:
     def __enter__(self) -> Tracker:
         try:
             self.start()
+        except GradtuneError:
+            self.stop(keep_logs=True)  # the error names them
+            raise
         except BaseException:
             self.stop()
             raise
@@ -137,15 +148,15 @@ class LocalFleet:
         self.stop()
 
     def _spawn(self, args: list[str]) -> subprocess.Popen:
-        # Own process group so that stop() reaches the server's forked workers as well.
         if self._log_dir is None:
             self._log_dir = tempfile.mkdtemp(prefix="gradtune-rpc-")
         log_path = os.path.join(
             self._log_dir, f"{args[0].rsplit('.', 1)[-1]}-{len(self._procs)}.log"
         )
+        lifeline = ["gradtune.lifeline", str(os.getpid()), "--remove", self._log_dir]
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", *args],
+                [sys.executable, "-m", *lifeline, *args],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -183,16 +194,18 @@ class LocalFleet:
             if dead:
                 with open(dead[0].log_path, errors="replace") as f:
                     tail = (f.read().strip().splitlines() or ["(no output)"])[-1]
-                raise GradtuneError(f"{message}: process exited ({tail})")
+                raise GradtuneError(f"{message}: process exited ({tail}; logs in {self._log_dir})")
             try:
                 if ready():
                     return
             except (OSError, RuntimeError, ValueError):
                 pass
             time.sleep(0.25)
-        raise GradtuneError(f"{message} within {self.startup_timeout:.0f} s")
+        raise GradtuneError(
+            f"{message} within {self.startup_timeout:.0f} s (logs in {self._log_dir})"
+        )
 
-    def stop(self) -> None:
+    def stop(self, keep_logs: bool = False) -> None:
         for proc in reversed(self._procs):
             if proc.poll() is None:
                 try:
@@ -207,6 +220,9 @@ class LocalFleet:
                 proc.wait()
             _await_group_exit(proc.pid)
         self._procs.clear()
+        if self._log_dir is not None and not keep_logs:
+            shutil.rmtree(self._log_dir, ignore_errors=True)
+            self._log_dir = None
 
 
 def _await_group_exit(pgid: int, grace: float = 5.0) -> None:

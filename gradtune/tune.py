@@ -290,6 +290,7 @@ def tune(
             # must beat; the database then never hands the compiler a slower program.
             defaults = measure_defaults(tasks, target, database, builder, runner)
             result.trials += defaults
+            session.trials_left = remaining - defaults
             best_us.update(best_from_database(database, tasks))
             if remaining > defaults and not session.stop.stopped:
                 ms.tune_tasks(

@@ -424,8 +424,9 @@ def _resume_and_check(run: TuneRun, kept: list[str]) -> str:
     assert resumed.returncode == 0, output[-3000:]
     after = _records(run.out)
     assert after[: len(kept)] == kept, "records from before the stop were kept, in order"
-    traces = [json.dumps(json.loads(line)[1][0]) for line in after]
-    assert len(set(traces)) == len(traces), "a kept measurement was measured again"
+    # A program is its workload and trace: every task's default schedule has the same trace.
+    programs = [json.dumps([json.loads(line)[0], json.loads(line)[1][0]]) for line in after]
+    assert len(set(programs)) == len(programs), "a kept measurement was measured again"
     summary = json.loads((run.out / "summary.json").read_text())
     assert summary["resumed_trials"] == len(kept)
     assert summary["total_trials"] == len(after) >= TRIALS

@@ -186,14 +186,21 @@ class GradientSearch(ReportingStrategy):
         if self.session.stop.stopped:
             return None
         if self.fallback is not None:
-            return self.fallback.generate_measure_candidates()
+            candidates = self.fallback.generate_measure_candidates()
+            if candidates is None:
+                return None
+            return list(candidates)[: self.session.allow(len(candidates))] or None
         if self.remaining <= 0:
             return None
         start = time.perf_counter()
         count = min(self.per_iter, self.remaining)
         if self.batches == 0 and self.config.warmup is not None:
             count = min(count, self.config.warmup)
+        count = self.session.allow(count)
+        if count == 0:
+            return None
         picks = self._search(count)
+        self.session.refund(count - len(picks))
         self._last_search_s = time.perf_counter() - start
         if not picks:
             return None

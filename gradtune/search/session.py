@@ -123,11 +123,30 @@ class Session:
         Run totals, created by a strategy that keeps them (the gradient search).
     pending : dict of str to SearchRound, default {}
         A strategy's account of the batch just measured, per task, until the loop takes it.
+    trials_left : int or None, default None
+        Candidates the run may still hand to the builder (None: no limit). MetaSchedule checks
+        its global trial budget only before a batch, so a batch that does not divide what is
+        left would overshoot it; strategies cut their batch to this instead.
     """
 
     stop: StopSignal = field(default_factory=StopSignal)
     summary: RunSummary | None = None
     pending: dict[str, SearchRound] = field(default_factory=dict)
+    trials_left: int | None = None
+
+    def allow(self, wanted: int) -> int:
+        """How many of ``wanted`` candidates the trial budget still allows; counted as spent
+        (``refund`` what is not handed over)."""
+        if self.trials_left is None:
+            return wanted
+        granted = max(0, min(wanted, self.trials_left))
+        self.trials_left -= granted
+        return granted
+
+    def refund(self, unused: int) -> None:
+        """Return ``unused`` of the candidates ``allow`` granted."""
+        if self.trials_left is not None:
+            self.trials_left += max(0, unused)
 
     def searched(self, task: str, detail: SearchRound) -> None:
         """The strategy's account of ``task``'s batch, given in ``notify_runner_results``."""

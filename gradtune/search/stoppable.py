@@ -48,7 +48,11 @@ class Stoppable(ReportingStrategy):
     def generate_measure_candidates(self) -> list[Any] | None:
         if self.session.stop.stopped:
             return None
-        return self.inner.generate_measure_candidates()
+        candidates = self.inner.generate_measure_candidates()
+        if candidates is None:
+            return None
+        granted = self.session.allow(len(candidates))
+        return list(candidates)[:granted] or None
 
     def notify_runner_results(self, measure_candidates, results) -> None:
         self.inner.notify_runner_results(measure_candidates, results)

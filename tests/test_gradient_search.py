@@ -59,8 +59,10 @@ def test_gradient_search_tunes_and_resumes_without_measuring_twice(
                       trials_per_round=4)  # fmt: skip
         assert result.trials == 8 and count_records(run_database(tmp_path)) == 8
         assert result.rounds and not result.search_summary.fallback_tasks
-        # Every batch was the gradient search's: its account joined the loop's record.
-        assert all(r.search is not None and r.measured == 4 for r in result.rounds)
+        # Every batch was the gradient search's (its account joined the loop's record); the
+        # trials besides each task's default schedule, never more than the budget.
+        assert all(r.search is not None and 0 < r.measured <= 4 for r in result.rounds)
+        assert sum(r.measured for r in result.rounds) == 8 - len(tasks)
         assert first.cost_model.losses, "measurements fine-tune the model"
         second = make_strategy("gradient", config=config)
         tune(tasks, llvm_target, tmp_path, tracker, max_trials=12, search=second,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -443,6 +444,13 @@ def _supervise_tune(module_argv: list[str]) -> int:
     import signal
 
     code, signum = _run_in_own_session(module_argv, kill_after=_TUNE_KILL_AFTER)
+    # Checking the job (the model's import) may have left worker processes of this one;
+    # they would outlive an os._exit.
+    import psutil
+
+    for helper in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            helper.kill()
     resume = "rerun the same command with --resume to continue (measured records are kept)"
     if signum is not None:
         print(f"gradtune: stopped by {signal.Signals(signum).name}; {resume}", file=sys.stderr)

@@ -210,6 +210,9 @@ class LocalFleet:
             if proc.poll() is None:
                 try:
                     os.killpg(proc.pid, signal.SIGTERM)
+                    # A stopped member (a hung device, a debugger) acts on SIGTERM only once
+                    # continued; left stopped, it would outlive the fleet once its leader exits.
+                    os.killpg(proc.pid, signal.SIGCONT)
                 except ProcessLookupError:
                     continue
         for proc in self._procs:

@@ -51,6 +51,7 @@ def make_rpc_runner(
     from tvm.s_tir import meta_schedule as ms
 
     from .adaptive import AdaptiveSettings, MeasuredRunner
+    from .builder import worker_lifeline
     from .rpc_session import BoundedSession
 
     rpc_config = ms.runner.RPCConfig(
@@ -72,5 +73,7 @@ def make_rpc_runner(
         # otherwise wait forever.
         f_create_session=BoundedSession(wait_sec=settings.server_wait_sec),
         max_workers=max_workers,
+        # Its pool's workers die with this process, a kill -9 included.
+        initializer=worker_lifeline(),
     )
     return MeasuredRunner(runner, settings.mode, AdaptiveSettings(), task_best)

@@ -186,10 +186,7 @@ class GradientSearch(ReportingStrategy):
         if self.session.stop.stopped:
             return None
         if self.fallback is not None:
-            candidates = self.fallback.generate_measure_candidates()
-            if candidates is None:
-                return None
-            return list(candidates)[: self.session.allow(len(candidates))] or None
+            return self.session.cut(self.fallback.generate_measure_candidates())
         if self.remaining <= 0:
             return None
         start = time.perf_counter()

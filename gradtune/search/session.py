@@ -13,6 +13,7 @@ run's ``RunSummary`` and ``StopSignal`` live there too. Every strategy gradtune 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
@@ -142,6 +143,13 @@ class Session:
         granted = max(0, min(wanted, self.trials_left))
         self.trials_left -= granted
         return granted
+
+    def cut(self, candidates: Any) -> list[Any] | None:
+        """``candidates`` cut to what the trial budget allows; None when nothing is left (the
+        strategy's "no more candidates")."""
+        if candidates is None:
+            return None
+        return list(candidates)[: self.allow(len(candidates))] or None
 
     def refund(self, unused: int) -> None:
         """Return ``unused`` of the candidates ``allow`` granted."""

@@ -48,11 +48,7 @@ class Stoppable(ReportingStrategy):
     def generate_measure_candidates(self) -> list[Any] | None:
         if self.session.stop.stopped:
             return None
-        candidates = self.inner.generate_measure_candidates()
-        if candidates is None:
-            return None
-        granted = self.session.allow(len(candidates))
-        return list(candidates)[:granted] or None
+        return self.session.cut(self.inner.generate_measure_candidates())
 
     def notify_runner_results(self, measure_candidates, results) -> None:
         self.inner.notify_runner_results(measure_candidates, results)

@@ -32,6 +32,11 @@ Protocol (the parts live in bench/searchbench/):
 
 Interrupted (Ctrl-C, ``kill PID``), the same command resumes: finished runs are kept, a
 half-finished one is restarted. State lives in ``--work`` (default bench/work/, git-ignored).
+A benchmark longer than a session moves between machines through git:
+``--archive bench/results/search_efficiency_runs`` keeps each finished run's result and the
+records its libraries were built from (``searchbench.archive``), and ``--restore`` with the
+same directory puts them back (libraries rebuilt and verified) before the same command
+resumes.
 Writes ``--out``/search_efficiency.{md,json} and search_efficiency_<model>.png (marked
 PARTIAL until every run finished); the last line printed is the JSON summary
 ``{"models": {name: {"t95_ratio", "t95_ratio_range", "t95_bound", "e2e_ratio_at_budget",
@@ -71,6 +76,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render", action="store_true", help="only re-analyse saved results")
+    mode.add_argument(
+        "--archive", type=Path, metavar="DIR",
+        help="copy the finished runs (result, best record per workload) to DIR, for git",
+    )  # fmt: skip
+    mode.add_argument(
+        "--restore", type=Path, metavar="DIR",
+        help="put archived runs back into --work (libraries rebuilt), then stop",
+    )  # fmt: skip
     parser.add_argument(
         "--sweep", action="store_true",
         help=f"batch sizes {{8, default, 64}} on {' and '.join(SWEEP_MODELS)} (--models to change)",
@@ -140,6 +153,14 @@ def main(argv: list[str] | None = None) -> int:
         return one(args, layout)
     if args.prepare:
         return prepare_child(args, layout)
+    if args.archive or args.restore:
+        from searchbench import archive
+
+        if args.archive:
+            archive.archive(layout, args.archive)
+        else:
+            archive.restore(layout, args.restore)
+        return 0
     if args.time:
         from searchbench.timing import time_model
 

@@ -670,8 +670,7 @@ def test_fresh_clone_dvc_pull_restores_the_dataset(tmp_path):
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
     assert not (clone / "data").exists()
     _dvc("pull", cwd=clone)
-    lock = yaml.safe_load((clone / "dvc.lock").read_text())
-    out = lock["stages"]["collect"]["outs"][0]
+    out = yaml.safe_load((clone / "data.dvc").read_text())["outs"][0]
     assert out["path"] == "data"
     listing = json.loads(
         (clone / ".dvc" / "cache" / "files" / "md5" / out["md5"][:2] / out["md5"][2:]).read_text()

@@ -12,9 +12,11 @@ from typing import Any
 
 from prefect import flow
 
+from gradtune import flow_logging
 from gradtune.entrypoints import load_tasks
 
 costmodel = load_tasks("costmodel", __file__)
+flow_logging.one_line_user_errors()
 
 
 @flow(name="pretrain-cost-model", log_prints=False)
@@ -29,14 +31,16 @@ def pretrain_cost_model(
     tracking_uri: str | None = None,
     reuse_features: bool = False,
 ) -> dict[str, Any]:
-    summary: dict[str, Any] = {}
-    if not (reuse_features and Path(features).is_file()):
-        summary["featurize"] = costmodel.featurize_dataset(data, features)
-    info, history = costmodel.pretrain_weights(features, weights, loss, epochs, lr, seed)
-    summary.update({k: info[k] for k in ("workloads", "records", "final_loss", "train_seconds")})
-    summary["weights"] = weights
-    if tracking_uri:
-        params = {"loss": loss, "epochs": epochs, "lr": lr, "seed": seed, "data": data}
-        registered = costmodel.register_champion(weights, tracking_uri, params, history)
-        summary["registered"] = registered["registered"]
+    with flow_logging.to_run_logs():
+        summary: dict[str, Any] = {}
+        if not (reuse_features and Path(features).is_file()):
+            summary["featurize"] = costmodel.featurize_dataset(data, features)
+        info, history = costmodel.pretrain_weights(features, weights, loss, epochs, lr, seed)
+        keys = ("workloads", "records", "final_loss", "train_seconds")
+        summary.update({k: info[k] for k in keys})
+        summary["weights"] = weights
+        if tracking_uri:
+            params = {"loss": loss, "epochs": epochs, "lr": lr, "seed": seed, "data": data}
+            registered = costmodel.register_champion(weights, tracking_uri, params, history)
+            summary["registered"] = registered["registered"]
     return summary

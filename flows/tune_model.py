@@ -2,6 +2,8 @@
 
 Its parameters are ``gradtune.job.TuneJob``'s fields, flat and typed so that Prefect's UI
 renders them as a form; ``target`` is text: "llvm" (this CPU), "cuda", or a JSON target object.
+``out`` left empty (a deployment's runs) is a fresh ``runs/<model>-<UTC time>`` under the run's
+working directory, so that repeated runs never collide.
 
 SIGINT or SIGTERM (a Prefect cancellation is a SIGTERM to the flow run's process) stops the
 run within ``gradtune.stop.GRACE_SECONDS``, resumable (``gradtune.stop.exit_on_signals``). It is
@@ -15,11 +17,13 @@ from typing import Any
 
 from prefect import flow
 
+from gradtune import flow_logging
 from gradtune.entrypoints import load_tasks
-from gradtune.job import make_job
+from gradtune.job import fresh_out_dir, make_job
 from gradtune.stop import exit_on_signals
 
 tuning = load_tasks("tuning", __file__)
+flow_logging.one_line_user_errors()
 
 
 @flow(name="tune-model", log_prints=False)
@@ -30,7 +34,7 @@ def tune_model(
     target: str = "llvm",
     trials: int = 128,
     time_budget: float | None = None,
-    out: str = "runs/latest",
+    out: str | None = None,
     resume: bool = False,
     search: str = "gradient",
     tracker: str | None = None,
@@ -45,11 +49,11 @@ def tune_model(
     """import → partition → tune over RPC → compile/verify/time → report + register."""
     job = make_job(
         target, model=model, entry=entry, input_shapes=input_shapes or {}, trials=trials,
-        time_budget=time_budget, out=out, resume=resume, search=search, tracker=tracker,
-        key=key, mlflow_uri=mlflow_uri, name=name, alias=alias, rpc_servers=rpc_servers,
-        seed=seed, measure=measure,
+        time_budget=time_budget, out=out or fresh_out_dir(model), resume=resume,
+        search=search, tracker=tracker, key=key, mlflow_uri=mlflow_uri, name=name, alias=alias,
+        rpc_servers=rpc_servers, seed=seed, measure=measure,
     )  # fmt: skip
-    with exit_on_signals():
+    with exit_on_signals(), flow_logging.to_run_logs():
         imported = tuning.import_model(job)
         fused, tasks = tuning.partition_model(imported, job.target)
         tuned = tuning.tune_model_tasks(job, tasks, job.target)

@@ -233,6 +233,14 @@ def add_dataset_parser(sub) -> None:
     )
     collect.add_argument("--key", default=None, help="device key on the tracker")
     collect.add_argument("--seed", type=int, default=d.seed)
+    collect.add_argument(
+        "--push",
+        action="store_true",
+        help="after `dvc add` of the finished dataset, `dvc push` it (OUT must be in a DVC repo)",
+    )
+    collect.add_argument(
+        "--remote", default=None, metavar="NAME", help="DVC remote to push to (default: the repo's)"
+    )
     info = dataset_sub.add_parser("info", help="counts and latency spread of a dataset")
     info.add_argument("data", help="dataset directory")
 
@@ -260,6 +268,9 @@ def cmd_dataset(args: argparse.Namespace) -> int:
         raise GradtuneError("--max-workloads must be positive")
     if not Path(args.zoo).is_file():
         raise GradtuneError(f"zoo config not found: {args.zoo}")
+    from .dataset.versioning import check_versioning
+
+    check_versioning(args.out, args.push, args.remote)
     tracker = None
     if args.tracker:
         from .measure.rpc_fleet import check_tracker, parse_tracker
@@ -288,12 +299,16 @@ def cmd_dataset(args: argparse.Namespace) -> int:
             max_workloads=args.max_workloads,
             time_budget=args.time_budget,
             tracker=tracker,
+            push=args.push,
+            remote=args.remote,
         )
     except KeyboardInterrupt:  # a second signal, or one before the collection started
         print(f"gradtune: interrupted; {resume}", file=sys.stderr)
         return 130
     keys = ("workloads", "workloads_with_records", "workloads_complete", "records", "failed")
     print(json.dumps({k: summary[k] for k in keys}))
+    if summary["dvc_file"]:
+        print(f"versioned: {summary['dvc_file']} (commit it to git)", file=sys.stderr)
     if summary["stopped"]:
         print(f"gradtune: collection stopped; {resume}", file=sys.stderr)
         return 130
@@ -380,8 +395,9 @@ def _collect_argv(args: argparse.Namespace) -> list[str]:
     argv += ["--debug"] if args.debug else []  # a top-level flag: before the subcommand
     argv += ["dataset", "collect"]
     for dest, value in vars(args).items():
-        if dest not in ("command", "dataset_command", "debug") and value is not None:
-            argv += [f"--{dest.replace('_', '-')}", str(value)]
+        if dest in ("command", "dataset_command", "debug") or value is None or value is False:
+            continue
+        argv += [f"--{dest.replace('_', '-')}"] + ([] if value is True else [str(value)])
     return argv
 
 

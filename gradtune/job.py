@@ -6,6 +6,7 @@ import json
 import math
 import re
 from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +99,17 @@ def make_job(target: str | None = None, **settings: Any) -> TuneJob:
     validate(job)
     job.target = parse_target(target)
     return job
+
+
+def fresh_out_dir(model: str, root: str | Path = "runs") -> str:
+    """``runs/<model stem>-<UTC time>``: a new output directory per run, so that runs of one
+    deployment never land in each other's results (a suffix tells apart two in one second)."""
+    base = Path(root) / f"{Path(model).stem}-{datetime.now(UTC):%Y%m%dT%H%M%SZ}"
+    out, n = base, 1
+    while out.exists():
+        n += 1
+        out = base.with_name(f"{base.name}-{n}")
+    return str(out)
 
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")

@@ -31,6 +31,7 @@ from gradtune.dataset.store import (
     open_dataset,
     trace_key,
 )
+from gradtune.dataset.versioning import add_dataset, check_versioning
 from gradtune.dataset.workloads import WorkloadProgress, extract_workloads, prioritize
 from gradtune.errors import GradtuneError
 from gradtune.partition import OTHER_FAMILY, operator_family
@@ -65,18 +66,22 @@ def fleet():
 @pytest.fixture(scope="module")
 def mini_dataset(tmp_path_factory, fleet):
     """A real collection through the CLI and its Prefect flow: transformer tasks sampled, built
-    and measured over the module's RPC fleet."""
+    and measured over the module's RPC fleet, into a DVC repository of its own, then versioned
+    (``dvc add``) and pushed to that repository's remote (``--push``)."""
     tmp = tmp_path_factory.mktemp("mini")
+    _dvc("init", "--no-scm", "-q", cwd=tmp)
+    _dvc("remote", "add", "-d", "store", str(tmp / "store"), cwd=tmp)
     data = tmp / "data"
     result = run_cli(
         "dataset", "collect", "--out", str(data), "--zoo", str(_zoo_file(tmp)),
         "--max-workloads", "2", "--random", str(MINI.random_per_workload),
         "--evolutionary", str(MINI.evolutionary_per_workload),
         "--batch-size", str(MINI.batch_size), "--builder-workers", "1",
-        "--tracker", f"{fleet.host}:{fleet.port}", "--key", fleet.key,
+        "--tracker", f"{fleet.host}:{fleet.port}", "--key", fleet.key, "--push",
         env={"GRADTUNE_CACHE": str(tmp / "cache")}, timeout=600,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert f"versioned: {tmp / 'data.dvc'}" in result.stderr
     summary = json.loads(result.stdout.strip().splitlines()[-1])
     assert summary["records"] == 8 and summary["workloads_complete"] == 2
     return data
@@ -356,6 +361,44 @@ def test_empty_or_missing_dataset_is_a_clear_error(tmp_path):
 
 
 # --------------------------------------------------------------------------- CLI
+
+
+@pytest.mark.slow
+def test_collection_ends_versioned_and_pushed(mini_dataset, tmp_path):
+    """The collect flow's last steps: data.dvc beside data/, and the remote holds it all (a
+    copy of the repository without data/ or cache pulls it back byte for byte)."""
+    repo = mini_dataset.parent
+    out = yaml.safe_load((repo / "data.dvc").read_text())["outs"][0]
+    assert out["path"] == "data" and out["md5"].endswith(".dir")
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    shutil.copytree(repo / ".dvc", clone / ".dvc", ignore=shutil.ignore_patterns("cache", "tmp"))
+    shutil.copy(repo / "data.dvc", clone / "data.dvc")
+    _dvc("pull", "-q", cwd=clone)
+    assert _hashes(clone / "data") == _hashes(mini_dataset)
+
+
+def test_versioning_refuses_a_push_it_could_not_do(tmp_path):
+    with pytest.raises(GradtuneError, match="is not inside a DVC repository"):
+        check_versioning(tmp_path / "data", push=True, remote=None)
+    with pytest.raises(GradtuneError, match="pass it with --push"):
+        check_versioning(tmp_path / "data", push=False, remote="store")
+    _dvc("init", "--no-scm", "-q", cwd=tmp_path)
+    _dvc("remote", "add", "store", str(tmp_path / "store"), cwd=tmp_path)
+    with pytest.raises(GradtuneError, match="'s3' is not a DVC remote of .*; choose one of store"):
+        check_versioning(tmp_path / "data", push=True, remote="s3")
+    check_versioning(tmp_path / "data", push=True, remote="store")
+    # Outside a repository a collection is not versioned, and says so without failing.
+    assert add_dataset(tmp_path.parent / "elsewhere") is None
+
+
+def test_cli_collect_push_outside_a_dvc_repo_is_one_line_before_anything_starts(tmp_path):
+    result = run_cli("dataset", "collect", "--out", str(tmp_path / "data"), "--push", timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"gradtune: error: --push: {tmp_path / 'data'} is not inside a DVC repository"
+    ]
+    assert not (tmp_path / "data").exists()
 
 
 @pytest.mark.slow
@@ -670,8 +713,7 @@ def test_fresh_clone_dvc_pull_restores_the_dataset(tmp_path):
     subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True, timeout=120)
     assert not (clone / "data").exists()
     _dvc("pull", cwd=clone)
-    lock = yaml.safe_load((clone / "dvc.lock").read_text())
-    out = lock["stages"]["collect"]["outs"][0]
+    out = yaml.safe_load((clone / "data.dvc").read_text())["outs"][0]
     assert out["path"] == "data"
     listing = json.loads(
         (clone / ".dvc" / "cache" / "files" / "md5" / out["md5"][:2] / out["md5"][2:]).read_text()

@@ -9,6 +9,7 @@ model zoo's workloads, measured over TVM RPC on this machine, stored as TVM's ow
 - ``settings``: what a collection measures per workload, and how.
 - ``collect``: sampling, building and measuring into the store, resumable and stoppable.
 - ``card``: the manifest, the dataset's summary and its ``README.md``.
+- ``versioning``: ``dvc add`` at the end of a collection, ``dvc push`` when asked.
 
 Nothing is re-exported here: import from the module that holds the name.
 """

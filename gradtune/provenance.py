@@ -14,7 +14,8 @@ from pathlib import Path
 from .entrypoints import ROOT
 
 FINGERPRINT = "fingerprint"
-GIT_COMMIT = "git_commit"
+GIT_COMMIT = "git_commit"  # of the repository holding the model file
+GRADTUNE_COMMIT = "gradtune_commit"  # of gradtune's checkout (often the same repository)
 PARENT_VERSION = "parent_version"
 
 
@@ -41,7 +42,8 @@ def version_tags(
     """The tags a retuned version is created with (latencies follow from the promotion)."""
     return {
         FINGERPRINT: fingerprint,
-        GIT_COMMIT: git_commit(),
+        GIT_COMMIT: git_commit(Path(model_path).resolve().parent),
+        GRADTUNE_COMMIT: git_commit(),
         PARENT_VERSION: parent_version or "none",
         "model_path": model_path,
         "tvm_version": parts["tvm"],

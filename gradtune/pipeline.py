@@ -176,17 +176,17 @@ def compile_stage(
     tolerance = {"rtol": rtol, "atol_scale": atol_scale}
     ref = model.reference_outputs
     untuned_outputs, tuned_outputs = untuned.outputs(), tuned.outputs()
-    verify_error = None
-    try:
-        untuned_err = compilation.verify(untuned_outputs, ref, "untuned TVM", **tolerance)
-        tuned_err = compilation.verify(tuned_outputs, ref, "tuned TVM", **tolerance)
-    except GradtuneError as err:
-        if strict:
-            raise
-        verify_error = str(err)
-        untuned_err = compilation.max_abs_error(untuned_outputs, ref)
-        tuned_err = compilation.max_abs_error(tuned_outputs, ref)
-        log.warning("%s", verify_error)
+    errors, verify_error = {}, None
+    for label, outputs in (("untuned TVM", untuned_outputs), ("tuned TVM", tuned_outputs)):
+        try:
+            errors[label] = compilation.verify(outputs, ref, label, **tolerance)
+        except GradtuneError as err:
+            if strict:
+                raise
+            verify_error = str(err)  # the tuned build's, when both fail: that one is registered
+            errors[label] = compilation.max_abs_error(outputs, ref)
+            log.warning("%s", err)
+    untuned_err, tuned_err = errors["untuned TVM"], errors["tuned TVM"]
     threads = peer_threads(target_config)
     with peers.torch_threads(threads):
         contenders = peers.build_peers(model, threads) if with_peers else peers.Peers([], threads)

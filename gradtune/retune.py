@@ -138,12 +138,17 @@ def gradtune_version() -> str:
         release = version("gradtune")
     except PackageNotFoundError:
         release = "0+unknown"
+    return f"{release}+src.{source_digest(PACKAGE)}"
+
+
+def source_digest(root: Path) -> str:
+    """12 hex digits over every file under ``root`` (names and contents), bytecode aside."""
     digest = hashlib.sha256()
-    for path in sorted(PACKAGE.rglob("*")):
+    for path in sorted(root.rglob("*")):
         if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc":
-            digest.update(path.relative_to(PACKAGE).as_posix().encode() + b"\0")
+            digest.update(path.relative_to(root).as_posix().encode() + b"\0")
             digest.update(hashlib.sha256(path.read_bytes()).digest())
-    return f"{release}+src.{digest.hexdigest()[:12]}"
+    return digest.hexdigest()[:12]
 
 
 def fingerprint_parts(model: Any, target: dict[str, Any]) -> dict[str, str]:

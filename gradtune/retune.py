@@ -115,7 +115,8 @@ def select(specs: list[ModelSpec], wanted: list[str]) -> list[ModelSpec]:
         hits = [
             s
             for s in specs
-            if item in (s.name, Path(s.path).stem) or Path(item).resolve() == Path(s.path).resolve()
+            if item in (registered_name(s), Path(s.path).stem)
+            or Path(item).resolve() == Path(s.path).resolve()
         ]
         chosen.extend(hits or [ModelSpec(path=item)])
     return chosen

@@ -122,7 +122,7 @@ def test_aliased_reads_a_registry(tmp_path):
     client = mlflow.MlflowClient(uri)
     client.create_registered_model("m")
     assert promotion.aliased("m", "champion", uri) is None  # a model without the alias
-    version = client.create_model_version("m", "models:/none", tags={"fingerprint": "abc"})
+    version = client.create_model_version("m", str(tmp_path), tags={"fingerprint": "abc"})
     client.set_registered_model_alias("m", "champion", version.version)
     found = promotion.aliased("m", "champion", uri)
     assert found.version == version.version and found.tags["fingerprint"] == "abc"

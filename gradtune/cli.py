@@ -262,6 +262,12 @@ def cmd_retune(args: argparse.Namespace) -> int:
         from .measure.rpc_fleet import check_tracker, parse_tracker
 
         check_tracker(parse_tracker(args.tracker, args.key))
+    from .frontend import load_model
+    from .target import check_device, read_target_spec
+
+    check_device(read_target_spec(args.target))
+    for spec in specs:  # a model that fails on its own inputs: one line before Prefect starts
+        load_model(spec.path, spec.entry, spec.input_shapes)
     _prefect_defaults()
     retune_on_change = load_flow("retune", "retune_on_change")
     _quiet_prefect_user_errors()

@@ -269,6 +269,8 @@ def cmd_retune(args: argparse.Namespace) -> int:
     for spec in specs:  # a model that fails on its own inputs: one line before Prefect starts
         load_model(spec.path, spec.entry, spec.input_shapes)
     _prefect_defaults()
+    # One progress bar per downloaded file (the judge pulls two versions) drowns a CI log.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     retune_on_change = load_flow("retune", "retune_on_change")
     _quiet_prefect_user_errors()
     from .target import parse_target

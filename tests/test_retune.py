@@ -364,3 +364,12 @@ def test_challenger_failing_verification_is_kept_not_promoted(ci):
     assert tags["promotion"] == "rejected" and "tuned TVM outputs differ" in tags["verify_error"]
     assert alias(uri, name, "champion") == before
     assert alias(uri, name, "challenger") == str(got["challenger_version"])
+    # The judge's own check, on files pulled through the server: the first champion was tuned
+    # for other weights, so its outputs are not this model's.
+    import mlflow
+
+    mlflow.set_tracking_uri(uri)
+    first = mlflow.MlflowClient().get_model_version(name, "1")
+    decision = promotion.judge(name, first, None, load_model(model))
+    assert decision.outcome == "rejected", decision
+    assert decision.reason.startswith("registered challenger failed verification")

@@ -194,6 +194,15 @@ def test_unreachable_registry_is_one_line_and_registers_nothing(tmp_path):
     assert not out.exists()  # nothing tuned, so nothing to register later either
 
 
+def test_workflow_triggers_on_model_changes_and_reads_the_registry_from_secrets():
+    workflow = yaml.safe_load(WORKFLOW.read_text())
+    on = workflow.get("on", workflow.get(True))  # YAML 1.1 reads a bare `on` as true
+    assert set(on["push"]["paths"]) == {"models/**", "configs/models.yaml"}
+    env = workflow["jobs"]["retune"]["env"]
+    assert env["MLFLOW_TRACKING_URI"] == "${{ secrets.MLFLOW_TRACKING_URI }}"
+    assert any("gradtune retune" in c for c in workflow_commands())
+
+
 # --------------------------------------------------------------------------- slow: CI + S3
 
 

@@ -1,4 +1,5 @@
-"""``gradtune`` command line: ``tune`` a model, ``pull`` a registered one."""
+"""``gradtune`` command line: ``tune`` a model, ``retune`` changed ones, ``pull`` a registered
+one."""
 
 from __future__ import annotations
 
@@ -172,6 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_dataset_parser(sub)
     add_register_parser(sub)
+    add_retune_parser(sub)
     return parser  # fmt: skip
 
 
@@ -189,6 +191,107 @@ def cmd_register(args: argparse.Namespace) -> int:
     from .pipeline import print_summary, register_run_dir
 
     print_summary(register_run_dir(Path(args.out_dir), args.mlflow_uri))
+    return 0
+
+
+# --------------------------------------------------------------------------- retune
+
+
+def add_retune_parser(sub) -> None:
+    retune = sub.add_parser(
+        "retune",
+        help="retune the models whose fingerprint changed; promote a correct, no slower one",
+    )
+    retune.add_argument(
+        "models", nargs="*", metavar="MODEL",
+        help="model paths or registered names (default: every model of --config)",
+    )  # fmt: skip
+    retune.add_argument("--config", default="configs/models.yaml", help="the models to retune")
+    retune.add_argument(
+        "--target", default=None, help="'llvm' (this CPU, default), 'cuda', or a JSON target object"
+    )
+    retune.add_argument("--trials", type=int, default=128, help="measured trials per model")
+    retune.add_argument(
+        "--time-budget", type=float, default=None, metavar="SECONDS",
+        help="stop tuning each model after this much wall-clock time",
+    )  # fmt: skip
+    retune.add_argument(
+        "--search", default="gradient",
+        help="gradient (Felix) | evolutionary | replay-trace | replay-func",
+    )  # fmt: skip
+    retune.add_argument(
+        "--mlflow-uri", default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="the registry holding the champions (default: $MLFLOW_TRACKING_URI)",
+    )  # fmt: skip
+    retune.add_argument("--out", default="runs/retune", help="output directory of the tunes")
+    retune.add_argument(
+        "--tracker", default=None, metavar="HOST:PORT",
+        help="existing RPC tracker (default: start a local fleet)",
+    )  # fmt: skip
+    retune.add_argument("--key", default=None, help="device key on the tracker")
+    retune.add_argument("--rpc-servers", type=int, default=1, help="servers in the local fleet")
+    retune.add_argument("--seed", type=int, default=0)
+    retune.add_argument("--measure", default="fixed", choices=["fixed", "adaptive"])
+
+
+def cmd_retune(args: argparse.Namespace) -> int:
+    """Check everything cheap first (config, models, settings, registry), then run the flow;
+    exit 4 when a challenger failed verification (``retune.ChallengerRejected``)."""
+    from .frontend import check_model_file
+    from .job import make_job
+    from .preflight import check_tracking_uri, check_writable
+    from .retune import ChallengerRejected, load_config, registered_name, select
+
+    if not args.mlflow_uri:
+        raise GradtuneError(
+            "retune compares with a registered champion: pass --mlflow-uri or set "
+            "MLFLOW_TRACKING_URI"
+        )
+    specs = select(load_config(args.config), args.models)
+    for spec in specs:
+        check_model_file(spec.path, spec.input_shapes)
+        make_job(
+            args.target, model=spec.path, entry=spec.entry, input_shapes=spec.input_shapes,
+            trials=args.trials, time_budget=args.time_budget, search=args.search,
+            tracker=args.tracker, key=args.key, name=registered_name(spec),
+            rpc_servers=args.rpc_servers, seed=args.seed, measure=args.measure,
+        )  # fmt: skip
+    check_writable(Path(args.out), "--out")
+    check_tracking_uri(args.mlflow_uri)
+    if args.tracker:
+        from .measure.rpc_fleet import check_tracker, parse_tracker
+
+        check_tracker(parse_tracker(args.tracker, args.key))
+    from .frontend import load_model
+    from .target import check_device, read_target_spec
+
+    check_device(read_target_spec(args.target))
+    for spec in specs:  # a model that fails on its own inputs: one line before Prefect starts
+        load_model(spec.path, spec.entry, spec.input_shapes)
+    _prefect_defaults()
+    # One progress bar per downloaded file (the judge pulls two versions) drowns a CI log.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    retune_on_change = load_flow("retune", "retune_on_change")
+    _quiet_prefect_user_errors()
+    from .target import parse_target
+
+    results = retune_on_change(
+        models=[spec.path for spec in specs], config=args.config,
+        target=json.dumps(parse_target(args.target)), trials=args.trials,
+        time_budget=args.time_budget, search=args.search, mlflow_uri=args.mlflow_uri,
+        out=args.out, tracker=args.tracker, key=args.key, rpc_servers=args.rpc_servers,
+        seed=args.seed, measure=args.measure,
+    )  # fmt: skip
+    for r in results:
+        detail = r.get("reason") or f"fingerprint {r['fingerprint']} matches the champion"
+        print(f"{r['name']}: {r['outcome']} ({detail})")
+    print(json.dumps(results))
+    rejected = [r["name"] for r in results if r["outcome"] == "rejected"]
+    if rejected:
+        raise ChallengerRejected(
+            f"challenger(s) of {', '.join(rejected)} failed verification: registered under "
+            "@challenger with the reason in its tags, not promoted"
+        )
     return 0
 
 
@@ -581,6 +684,7 @@ def main(argv: list[str] | None = None) -> int:
             "costmodel": cmd_costmodel,
             "dataset": cmd_dataset,
             "register": cmd_register,
+            "retune": cmd_retune,
         }
         return commands[args.command](args)
     except GradtuneError as err:

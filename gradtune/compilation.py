@@ -93,17 +93,23 @@ def max_abs_error(outputs: list[np.ndarray], reference: list[np.ndarray]) -> flo
     )
 
 
-def verify(outputs: list[np.ndarray], reference: list[np.ndarray], label: str) -> float:
+def verify(
+    outputs: list[np.ndarray],
+    reference: list[np.ndarray],
+    label: str,
+    rtol: float = RTOL,
+    atol_scale: float = ATOL_SCALE,
+) -> float:
     """Max abs error; raises when any output is off by more than the stated tolerance."""
     err = max_abs_error(outputs, reference)
     for o, r in zip(outputs, reference, strict=True):
         if o.shape != r.shape:
             raise GradtuneError(f"{label} output shape {o.shape} != reference {r.shape}")
-        atol = ATOL_SCALE * max(1.0, float(np.max(np.abs(r))) if r.size else 1.0)
-        if not np.allclose(o, r, rtol=RTOL, atol=atol):
+        atol = atol_scale * max(1.0, float(np.max(np.abs(r))) if r.size else 1.0)
+        if not np.allclose(o, r, rtol=rtol, atol=atol):
             raise GradtuneError(
                 f"{label} outputs differ from the reference (max abs error {err:.3g}, "
-                f"tolerance rtol={RTOL} atol={atol:.3g})"
+                f"tolerance rtol={rtol:g} atol={atol:.3g})"
             )
     return err
 
@@ -111,10 +117,21 @@ def verify(outputs: list[np.ndarray], reference: list[np.ndarray], label: str) -
 def time_interleaved(
     fns: dict[str, Callable[[], Any]], repeats: int = 7, min_seconds: float = 0.05
 ) -> dict[str, float]:
-    """Median per-call latency (ms) of each function, timed in alternation.
+    """Median per-call latency (ms) of each function, timed in alternation
+    (``time_interleaved_samples``)."""
+    samples = time_interleaved_samples(fns, repeats, min_seconds)
+    return {name: statistics.median(values) for name, values in samples.items()}
+
+
+def time_interleaved_samples(
+    fns: dict[str, Callable[[], Any]], repeats: int = 7, min_seconds: float = 0.05
+) -> dict[str, list[float]]:
+    """Per-call latency (ms) of each function in each of ``repeats`` rounds, the functions
+    timed in alternation within every round.
 
     The machine is shared and noisy: interleaving exposes every contender to the same drift,
-    and medians over repeats discard bursts.
+    and medians over repeats discard bursts; the spread of the samples says how far apart two
+    medians must be to differ.
     """
     for fn in fns.values():  # warm-up: allocation, first-call JIT, caches
         fn()
@@ -138,7 +155,7 @@ def time_interleaved(
             for _ in range(n):
                 fn()
             samples[name].append((time.perf_counter() - start) / n * 1e3)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    return samples
 
 
 def export(executable: Any, path: Path) -> Path:

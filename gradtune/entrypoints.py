@@ -49,6 +49,6 @@ def load_tasks(name: str, flow_file: str) -> ModuleType:
     return load_module(Path(flow_file).resolve().parents[1] / "tasks" / f"{name}.py")
 
 
-def load_flow(name: str) -> Any:
-    """The flow ``name`` defined in ``flows/<name>.py``."""
-    return getattr(load_module(ROOT / "flows" / f"{name}.py"), name)
+def load_flow(name: str, function: str | None = None) -> Any:
+    """The flow ``function`` (default: ``name``) defined in ``flows/<name>.py``."""
+    return getattr(load_module(ROOT / "flows" / f"{name}.py"), function or name)

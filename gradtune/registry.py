@@ -95,6 +95,8 @@ class Registration:
         Input names, shapes and dtypes and the device (``io_description``).
     summary : dict[str, Any], default {}
         The run summary, completed with run id and version into ``summary.json``.
+    tags : dict[str, str], default {}
+        Tags the version is created with, beside its files' digests (``gradtune.provenance``).
     """
 
     registered_name: str
@@ -107,6 +109,7 @@ class Registration:
     report_files: list[str] = field(default_factory=list)
     io: dict[str, Any] = field(default_factory=dict)
     summary: dict[str, Any] = field(default_factory=dict)
+    tags: dict[str, str] = field(default_factory=dict)
 
     def save(self, out_dir: Path) -> Path:
         path = out_dir / REGISTRATION_FILE
@@ -180,8 +183,9 @@ def register(registration: Registration, tracking_uri: str, out_dir: Path) -> di
             )
         files = stored_manifest(info.model_uri, uploaded)
         version = create_version(
-            reg.registered_name, reg.alias, info.model_uri, info.model_id, run.info.run_id, files
-        )
+            reg.registered_name, reg.alias, info.model_uri, info.model_id, run.info.run_id, files,
+            reg.tags,
+        )  # fmt: skip
     return {
         "run_id": run.info.run_id,
         "version": version,
@@ -205,11 +209,17 @@ def stored_manifest(model_uri: str, uploaded: dict[str, str]) -> dict[str, str]:
 
 
 def create_version(
-    name: str, alias: str, model_uri: str, model_id: str, run_id: str, files: dict[str, str]
+    name: str,
+    alias: str,
+    model_uri: str,
+    model_id: str,
+    run_id: str,
+    files: dict[str, str],
+    tags: dict[str, str] | None = None,
 ) -> str:
-    """A new version of ``name`` from the logged model, with its files' digests as tags, given
-    ``alias``; on any failure, no version of this run is left behind (as far as the registry
-    still answers)."""
+    """A new version of ``name`` from the logged model, with its files' digests and ``tags`` as
+    tags, given ``alias``; on any failure, no version of this run is left behind (as far as the
+    registry still answers)."""
     client = mlflow.MlflowClient()
     try:
         client.create_registered_model(name)
@@ -218,7 +228,11 @@ def create_version(
             raise
     try:
         version = client.create_model_version(
-            name, model_uri, run_id, tags=manifest_tags(files), model_id=model_id
+            name,
+            model_uri,
+            run_id,
+            tags={**(tags or {}), **manifest_tags(files)},
+            model_id=model_id,
         ).version
         client.set_registered_model_alias(name, alias, version)
     except BaseException:

@@ -31,6 +31,7 @@ FLOWS = {
     "tune-model": "tune-model",
     "collect-dataset": "collect-dataset",
     "pretrain-cost-model": "pretrain-cost-model",
+    "retune-on-change": "retune-on-change",
 }
 
 
@@ -62,8 +63,8 @@ def test_prefect_yaml_declares_the_deployments_on_one_process_pool():
     (weekly,) = deployments["collect-dataset"]["schedules"]
     cron = CronSchedule(cron=weekly["cron"], timezone=weekly["timezone"])
     assert cron.cron.split()[2:] == ["*", "*", "6"]  # Saturdays, once a week
-    # The retune deployment's place, for when flows/retune.py lands.
-    assert "flows/retune.py:retune_on_change" in PREFECT_YAML.read_text()
+    (nightly,) = deployments["retune-on-change"]["schedules"]
+    assert CronSchedule(cron=nightly["cron"], timezone=nightly["timezone"])
 
 
 def test_pretraining_is_triggered_by_a_completed_collection():

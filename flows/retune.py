@@ -6,6 +6,10 @@ stages as ``tune-model``), register the result under the alias ``challenger`` wi
 provenance tags (``gradtune.provenance``), then verify it and time it interleaved with the
 champion (``gradtune.promotion``) and move ``champion`` to it only if it wins.
 
+Several models run concurrently on Prefect's ``DaskTaskRunner`` (``gradtune.scaleout``): a
+local cluster sized so that no two tunings measure on the same cores, or the user's cluster
+(``dask_address``). One model, or one worker's worth of cores, runs in the flow's process.
+
 Parameters are flat and typed, so Prefect's UI renders them and a deployment can set them.
 """
 
@@ -15,10 +19,11 @@ import os
 from pathlib import Path
 from typing import Any
 
-from prefect import flow, get_run_logger
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
 
-from gradtune import flow_logging, provenance, retune
-from gradtune.entrypoints import load_tasks
+from gradtune import flow_logging, provenance, retune, scaleout
+from gradtune.entrypoints import call_in_module, load_tasks
 from gradtune.errors import GradtuneError
 from gradtune.job import make_job
 from gradtune.promotion import CHALLENGER, CHAMPION
@@ -44,9 +49,15 @@ def retune_on_change(
     rpc_servers: int = 1,
     seed: int = 0,
     measure: str = "fixed",
+    dask_address: str | None = None,
+    dask_workers: int | None = None,
 ) -> list[dict[str, Any]]:
     """Retune ``models`` (paths or registered names; default: every model of ``config``)
-    whose fingerprint differs from their champion's; one result per model."""
+    whose fingerprint differs from their champion's; one result per model.
+
+    ``dask_address``: the scheduler of an existing Dask cluster (``tcp://host:8786``) to tune
+    the models on; None: a local cluster of ``dask_workers`` processes (None: as many as can
+    measure without timing each other, ``scaleout.local_workers``)."""
     uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise GradtuneError(
@@ -58,8 +69,52 @@ def retune_on_change(
         trials=trials, time_budget=time_budget, search=search, tracker=tracker, key=key,
         mlflow_uri=uri, alias=CHALLENGER, rpc_servers=rpc_servers, seed=seed, measure=measure,
     )  # fmt: skip
+    workers = dask_workers or scaleout.local_workers(
+        len(specs), scaleout.target_cores(target), scaleout.remote_devices(tracker, len(specs))
+    )
     with exit_on_signals(), flow_logging.to_run_logs():
+        if len(specs) > 1 and (dask_address or workers > 1):
+            runner = scaleout.dask_task_runner(dask_address, workers, scaleout.current_api_url())
+            return retune_concurrently.with_options(task_runner=runner)(
+                specs, target, out, settings
+            )
         return [retune_model(spec, target, out, settings) for spec in specs]
+
+
+# A Dask worker runs the model's retune by name from this file: the flow module is loaded by
+# path (gradtune.entrypoints), so its functions cannot be pickled by reference. A worker lost
+# mid-run is rescheduled by Dask on another one; an attempt that raised is retried once and
+# resumes from its database (one directory per fingerprint).
+retune_remote = task(
+    call_in_module,
+    name="retune-model",
+    cache_policy=NO_CACHE,
+    retries=1,
+    retry_delay_seconds=10,
+)
+
+
+@flow(name="retune-models-on-dask", log_prints=False)
+def retune_concurrently(
+    specs: list[retune.ModelSpec], target: str, out: str, settings: dict[str, Any]
+) -> list[dict[str, Any]]:
+    """Every model as its own task on the flow's task runner; a model that fails is named, and
+    the others finish first."""
+    futures = [
+        retune_remote.with_options(task_run_name=f"retune {spec.path}").submit(
+            __file__, "retune_model", spec, target, out, settings
+        )
+        for spec in specs
+    ]
+    results, failed = [], []
+    for spec, future in zip(specs, futures, strict=True):
+        try:
+            results.append(future.result())
+        except Exception as err:  # noqa: BLE001 - reported per model below
+            failed.append(f"{spec.path}: {type(err).__name__}: {err}")
+    if failed:
+        raise GradtuneError(f"retune could not finish {len(failed)} model(s): " + "; ".join(failed))
+    return results
 
 
 def retune_model(

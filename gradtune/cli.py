@@ -232,6 +232,15 @@ def add_retune_parser(sub) -> None:
     retune.add_argument("--rpc-servers", type=int, default=1, help="servers in the local fleet")
     retune.add_argument("--seed", type=int, default=0)
     retune.add_argument("--measure", default="fixed", choices=["fixed", "adaptive"])
+    retune.add_argument(
+        "--dask-address", default=None, metavar="tcp://HOST:PORT",
+        help="tune the models concurrently on this Dask cluster (default: a local cluster "
+        "with as many workers as can measure without timing each other)",
+    )  # fmt: skip
+    retune.add_argument(
+        "--dask-workers", type=int, default=None, metavar="N",
+        help="workers of the local Dask cluster (default: cores / the target's num-cores)",
+    )  # fmt: skip
 
 
 def cmd_retune(args: argparse.Namespace) -> int:
@@ -256,6 +265,15 @@ def cmd_retune(args: argparse.Namespace) -> int:
             tracker=args.tracker, key=args.key, name=registered_name(spec),
             rpc_servers=args.rpc_servers, seed=args.seed, measure=args.measure,
         )  # fmt: skip
+    if args.dask_address:
+        from .scaleout import check_address
+
+        try:
+            check_address(args.dask_address)
+        except ValueError as err:
+            raise GradtuneError(str(err)) from None
+    if args.dask_workers is not None and args.dask_workers < 1:
+        raise GradtuneError(f"--dask-workers must be at least 1 (got {args.dask_workers})")
     check_writable(Path(args.out), "--out")
     check_tracking_uri(args.mlflow_uri)
     if args.tracker:
@@ -280,7 +298,8 @@ def cmd_retune(args: argparse.Namespace) -> int:
         target=json.dumps(parse_target(args.target)), trials=args.trials,
         time_budget=args.time_budget, search=args.search, mlflow_uri=args.mlflow_uri,
         out=args.out, tracker=args.tracker, key=args.key, rpc_servers=args.rpc_servers,
-        seed=args.seed, measure=args.measure,
+        seed=args.seed, measure=args.measure, dask_address=args.dask_address,
+        dask_workers=args.dask_workers,
     )  # fmt: skip
     for r in results:
         detail = r.get("reason") or f"fingerprint {r['fingerprint']} matches the champion"

@@ -52,3 +52,9 @@ def load_tasks(name: str, flow_file: str) -> ModuleType:
 def load_flow(name: str, function: str | None = None) -> Any:
     """The flow ``function`` (default: ``name``) defined in ``flows/<name>.py``."""
     return getattr(load_module(ROOT / "flows" / f"{name}.py"), function or name)
+
+
+def call_in_module(path: str, function: str, *args: Any, **kwargs: Any) -> Any:
+    """``function`` of the file ``path``, called: how another process (a Dask worker) runs a
+    function of a flow file, which it cannot unpickle by reference."""
+    return getattr(load_module(path), function)(*args, **kwargs)

@@ -15,6 +15,7 @@ has free.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -40,22 +41,53 @@ def local_workers(models: int, cores_per_tuning: int | None, remote_devices: int
     return max(1, min(models, limit))
 
 
-def dask_task_runner(address: str | None, workers: int) -> Any:
+def target_cores(target: str | None) -> int | None:
+    """The ``num-cores`` a target measures on (a JSON target object), None when it names none."""
+    if not target or not target.lstrip().startswith("{"):
+        return None
+    cores = json.loads(target).get("num-cores")
+    return int(cores) if cores else None
+
+
+def remote_devices(tracker: str | None, models: int) -> int | None:
+    """Devices to plan for when measurement is remote: the tracker hands each device to one
+    session at a time, so concurrent tunings queue for devices and never time each other; what
+    they share here is the builds' CPU. None when measurement is local."""
+    if not tracker:
+        return None
+    return min(models, os.cpu_count() or 1)
+
+
+def current_api_url() -> str:
+    """The Prefect API this process reports to: the configured server, or the temporary one
+    Prefect started for the CLI's in-process flow run."""
+    from prefect.client.orchestration import get_client
+
+    return str(get_client(sync_client=True).api_url)
+
+
+def dask_task_runner(address: str | None, workers: int, api_url: str | None = None) -> Any:
     """``DaskTaskRunner`` on the cluster at ``address``, or on a new local cluster of
-    ``workers`` single-threaded worker processes (closed with the flow run)."""
+    ``workers`` single-threaded worker processes (closed with the flow run).
+
+    ``api_url``: the Prefect API the local workers report their task runs to. Without it a
+    worker of a flow run on Prefect's temporary server (no ``PREFECT_API_URL``) would start a
+    temporary server of its own, and the flow run would never see its tasks. Workers of a
+    user's cluster report where their own environment says."""
     from prefect_dask import DaskTaskRunner
 
     if address:
         return DaskTaskRunner(address=address)
-    return DaskTaskRunner(
-        cluster_kwargs={
-            "n_workers": workers,
-            "threads_per_worker": 1,
-            "processes": True,
-            # The dashboard would take port 8787, which may be another user's.
-            "dashboard_address": None,
-        }
-    )
+    cluster = {
+        "n_workers": workers,
+        "threads_per_worker": 1,
+        "processes": True,
+        # The dashboard would take port 8787, which may be another user's.
+        "dashboard_address": None,
+    }
+    if api_url:
+        cluster["env"] = {"PREFECT_API_URL": api_url}  # passed to each worker's nanny
+    return DaskTaskRunner(cluster_kwargs=cluster)
 
 
 def check_address(address: str) -> None:

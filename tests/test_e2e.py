@@ -33,6 +33,7 @@ def _check_outputs(out: Path, trials: int) -> dict:
     assert summary["total_trials"] == len(_records(out)) == trials
     assert summary["untuned_ms"] > 0 and summary["tuned_ms"] > 0 and summary["reference_ms"] > 0
     assert summary["max_abs_err"] < 1e-2
+    assert {"import", "partition", "tune", "compile"} <= set(summary["stage_seconds"])
     report = (out / "report.md").read_text()
     assert report.startswith("# gradtune report")
     # The peers, timed beside the tuned model: each has a latency or says why it has none.

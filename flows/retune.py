@@ -74,6 +74,9 @@ def retune_on_change(
     )
     with exit_on_signals(), flow_logging.to_run_logs():
         if len(specs) > 1 and (dask_address or workers > 1):
+            # One registry read first: on a new SQLite store it creates the schema, which
+            # workers starting together would otherwise race to migrate.
+            steps.aliased(retune.registered_name(specs[0]), CHAMPION, uri)
             runner = scaleout.dask_task_runner(dask_address, workers, scaleout.current_api_url())
             return retune_concurrently.with_options(task_runner=runner)(
                 specs, target, out, settings

@@ -167,7 +167,8 @@ def render(work: Path, out: Path) -> dict[str, Any]:
         "",
         f"- 2 servers / 1 server: **{summary['rpc_ratio_2_over_1']:.2f}×** trials per minute"
         + (", no gain" if summary["rpc_ratio_2_over_1"] < 1.05 else "")
-        + ". The limit on this host: the target measures on all of this machine's cores (num-cores = "
+        + ". The limit on this host: the target measures on all of this machine's cores "
+        "(num-cores = "
         f"{os.cpu_count()}), so two servers time their candidates at the same time on the same "
         "cores, and the builder's workers compile on them too. More servers pay off when each "
         "has its own device (`--tracker`), not on one 2-core host.",

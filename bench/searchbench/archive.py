@@ -51,11 +51,11 @@ def best_records(source: Path, dest: Path) -> int:
         (dest / name).unlink(missing_ok=True)
     db = _json_database(source)
     out = _json_database(dest)
-    import tvm
+    import tvm_ffi
 
     workloads = {}
     for record in db.get_all_tuning_records():
-        workloads.setdefault(tvm.ir.structural_hash(record.workload.mod), record.workload)
+        workloads.setdefault(tvm_ffi.structural_hash(record.workload.mod), record.workload)
     kept = 0
     for workload in workloads.values():
         for record in db.get_top_k(workload, 1):

@@ -51,6 +51,20 @@ class TransferStats:
     seconds: float = 0.0
 
 
+def library_spec(job: Any) -> str:
+    """The SPEC a job reads its library from: ``--from`` when it names a source, which is
+    then the whole library; ``--library`` / ``--warm-start`` otherwise."""
+    return job.library if job.library_from == AUTO else job.library_from
+
+
+def library_uri(job: Any) -> str | None:
+    """The registry a library's ``registry`` and ``NAME@ALIAS`` are read from: the job's
+    ``--mlflow-uri``, else ``MLFLOW_TRACKING_URI``."""
+    import os
+
+    return job.mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
+
+
 def select_source(
     tasks: list[TuningTask], library: Library, target: Any, choice: str = AUTO
 ) -> tuple[Source | None, list[str]]:

@@ -171,7 +171,7 @@ def transfer_from_library(job: TuneJob, tasks: list[TuningTask], target: Any) ->
         console.print(f"[yellow]library[/]: {len(library.skipped)} unreadable source(s) skipped")
     source, lines = select_source(tasks, library, target, AUTO)
     for line in lines:
-        console.print(line)
+        console.print(line, markup=False)  # kernel classes in [brackets] are not markup
     if source is None and not job.transfer_only:
         console.print("[yellow]warm start[/]: nothing to transfer; tuning cold")
     return Transfer(tasks, target, source, ranking=lines)

@@ -5,7 +5,8 @@ on the source's module. A measured trace is its sketch's instructions followed b
 postprocessors'; the target task's design space (MetaSchedule's post-order-apply, the same
 rules that made the source's) holds a sketch with the same instructions whenever the kernel
 class is the same, shapes aside. That sketch is found by its instruction text without
-decisions (``gradient_search.trace_signature``), and the source's decisions are put into it:
+decisions, postprocessors and dead code (``shape_free_text``), and the source's decisions are
+put into it:
 
 - ``SamplePerfectTile``: kept when the factors still tile the new extent exactly
   (**applied**); otherwise the nearest perfect tiling of the new extent (**adapted**):
@@ -145,17 +146,23 @@ def instantiate(space: DesignSpace, sketch: Any, decisions: dict[int, Any]) -> A
     return sch
 
 
-def transfer_schedule(space: DesignSpace, origin: Schedule) -> Candidate:
-    """``origin`` (a schedule of another workload of the task's class) on the task."""
+def shape_free_text(trace: Any) -> str:
+    """A trace's instructions without decisions, postprocessors or dead code: equal for a
+    measured program and the sketch it instantiates, whatever the shapes. (The database keeps
+    a measured trace with its unused block lookups dropped; a sketch has them.)"""
     from ..search.gradient_search import trace_signature
 
+    simple = trace.simplified(remove_postproc=True)
+    return trace_signature(simple, len(simple.insts))
+
+
+def transfer_schedule(space: DesignSpace, origin: Schedule) -> Candidate:
+    """``origin`` (a schedule of another workload of the task's class) on the task."""
     matched = False
     reasons = []
+    wanted = shape_free_text(origin.trace)
     for sketch in space.sketches:
-        n = len(sketch.insts)
-        if len(origin.trace.insts) < n or trace_signature(origin.trace, n) != trace_signature(
-            sketch, n
-        ):
+        if shape_free_text(sketch) != wanted:
             continue
         adapted = adapt_decisions(sketch, origin.trace)
         if adapted is None:

@@ -140,6 +140,8 @@ def instantiate(space: DesignSpace, sketch: Any, decisions: dict[int, Any]) -> A
         trace = trace.with_decision(insts[index], value, remove_postproc=True)
     sch = tvm.s_tir.Schedule(space.mod)
     trace.apply_to_schedule(sch, remove_postproc=False)
+    # As MetaSchedule marks it: the database's trace then tells sketch from postprocessing.
+    sch.enter_postproc()
     for postproc in space.postprocs:
         if not postproc.apply(sch):
             return None

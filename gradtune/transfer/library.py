@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import tempfile
 from collections import defaultdict
@@ -91,6 +92,8 @@ def target_label(key: str) -> str:
 def classes_of(task: TuningTask) -> set[str]:
     """The library keys a task's schedules may be filed under: its kernel class, and the one
     its blocks' names give (the class of a source without a partition table)."""
+    if task.mod is None:  # a task described, not extracted (a hand-built table)
+        return {task.kernel_class}
     return {task.kernel_class, BLOCKS + module_kernel_class(task.mod)}
 
 
@@ -251,6 +254,8 @@ def registered_database(ref: str, tracking_uri: str, dst: Path) -> Path:
 
     from ..integrity import sha256_file, tagged_manifest
 
+    # A bar per file would bury the ranking printed next.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
     mlflow.set_tracking_uri(tracking_uri)
     name, alias = ref.split("@", 1)
     client = mlflow.MlflowClient()

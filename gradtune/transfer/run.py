@@ -120,6 +120,7 @@ class Transfer:
         if self.source is None:
             return 0
         known = measured_programs(database)
+        already = 0  # measured by an earlier attempt of this run (resume)
         queues: list[list[tuple[TuningTask, Candidate]]] = []
         for task in self.tasks:
             schedules = self.source.matching(task)
@@ -134,9 +135,10 @@ class Transfer:
                     stats.failed += 1
                     stats.candidates_invalid += 1
                     continue
-                stats.candidates_tried += 1
                 key = (workload_key(task.mod), str(candidate.schedule.trace))
-                if key not in known:
+                if key in known:
+                    already += 1
+                else:
                     queue.append((task, candidate))
             queues.append(queue)
         batch = [pair for round_ in _round_robin(queues) for pair in round_][: max(0, trials_left)]
@@ -154,6 +156,7 @@ class Transfer:
                 log.info("%s: transferred schedule of %s did not run: %s",
                          task.name, candidate.origin.task, error)  # fmt: skip
         stats.measured = len(batch)
+        stats.candidates_tried = already + len(batch)  # a cut budget leaves the rest untried
         stats.transferred_tasks = transferred_tasks(database, self.tasks)
         stats.seconds = time.perf_counter() - start
         log.info(

@@ -326,6 +326,12 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(tiny_model, llvm_tar
     did_not_run = summary["candidates_invalid"] - summary["candidates_failed"]
     assert len(records) == summary["tasks"] + summary["candidates_tried"] - did_not_run
 
+    # The registered model is itself a library source: its database comes from the registry.
+    listed = run_cli("library", "ls", "--mlflow-uri", summary["mlflow_uri"])
+    assert listed.returncode == 0, listed.stderr
+    assert summary["candidates_tried"] > did_not_run, "a transferred program ran"
+    assert "tt-wide@champion (" in listed.stdout
+
     # Warm start: transferred programs in the database before the search's first batch.
     wide = partition(*_load("tiny_mlp_wide"), llvm_target)[1]
     library = load_library(str(source_dir))

@@ -108,7 +108,9 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
         TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
     ]  # fmt: skip
     with rpc_tracker(job) as tracker, Progress(*columns, console=console) as progress:
-        bar = progress.add_task("tune", total=job.trials, status="starting (MetaSchedule init)")
+        # A transfer has no trial budget: its bar only runs.
+        total = None if job.transfer_only else job.trials
+        bar = progress.add_task("tune", total=total, status="starting (MetaSchedule init)")
 
         resumed = 0
 

@@ -193,14 +193,17 @@ def test_nearest_tiling_keeps_inner_factors_where_the_extent_allows():
     assert nearest_tiling(capped, [1, 64]) == [8, 16]  # max_innermost_factor respected
 
 
-def test_adapted_schedule_is_a_valid_program_of_the_new_shape(mlp_tasks, llvm_target):
+@pytest.fixture(scope="module")
+def wide_tasks(llvm_target):
+    """tiny_mlp's kernel classes at other shapes."""
+    return partition(*_load("tiny_mlp_wide"), llvm_target)[1]
+
+
+def test_adapted_schedule_is_a_valid_program_of_the_new_shape(mlp_tasks, wide_tasks, llvm_target):
     import tvm
 
-    from gradtune.frontend import load_model
     from gradtune.symbolic.verify import design_space
 
-    wide = load_model(EXAMPLES / "small_cnn.py", entry="tiny_mlp_wide")
-    _, wide_tasks = partition(wide.mod, wide.params, llvm_target)
     statuses = set()
     for source_task in mlp_tasks:
         (task,) = [t for t in wide_tasks if t.kernel_class == source_task.kernel_class]
@@ -221,6 +224,38 @@ def test_adapted_schedule_is_a_valid_program_of_the_new_shape(mlp_tasks, llvm_ta
             statuses.add(candidate.status)
             _assert_same_results(candidate.schedule.mod, task.mod, llvm_target)
     assert ADAPTED in statuses  # other extents: tiles had to be fitted
+
+
+def test_a_transferred_program_is_known_once_measured(mlp_tasks, wide_tasks, llvm_target, tmp_path):
+    """What a resumed transfer relies on to measure nothing twice: the program committed to
+    the database reads back as the same (workload, trace text)."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.transfer.run import Transfer, measured_programs, workload_key
+    from gradtune.tune import run_database
+
+    _record_database(tmp_path / "source", mlp_tasks, [llvm_target])
+    (source,) = load_library(str(tmp_path / "source")).sources
+    task = wide_tasks[0]
+    (origin,) = source.matching(task)
+    candidate = transfer_schedule(DesignSpace.of(task, llvm_target), origin)
+    (tmp_path / "run").mkdir()
+    database = run_database(tmp_path / "run")
+    database.commit_tuning_record(
+        ms.database.TuningRecord(
+            candidate.schedule.trace,
+            database.commit_workload(task.mod),
+            [1e-5],
+            llvm_target,
+            ms.arg_info.ArgInfo.from_prim_func(task.mod["main"]),
+        )
+    )
+    reopened = run_database(tmp_path / "run")
+    assert (workload_key(task.mod), str(candidate.schedule.trace)) in measured_programs(reopened)
+    # So a resumed transfer skips it: it is tried, and nothing is left to measure for it.
+    transfer = Transfer([task], llvm_target, source)
+    assert transfer(reopened, builder=None, runner=None, trials_left=10) == 0
+    assert transfer.stats.candidates_tried == 1 and transfer.stats.measured == 0
 
 
 def _assert_same_results(scheduled, default, target) -> None:

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -167,15 +168,18 @@ TRANSFER_TRIALS = 10**6  # no budget: a transfer measures every candidate it has
 
 def transfer_from_library(job: TuneJob, tasks: list[TuningTask], target: Any) -> Transfer:
     """The job's library read, its source chosen by Eq. 1 (or ``--from``), the ranking printed;
-    a library without the model's kernel classes leaves the run cold, with a notice."""
+    an empty library, or one without the model's kernel classes, leaves a warm start cold with
+    a one-line notice."""
     library = load_library(library_spec(job), library_uri(job))
     if library.skipped:
         console.print(f"[yellow]library[/]: {len(library.skipped)} unreadable source(s) skipped")
     source, lines = select_source(tasks, library, target, AUTO)
-    for line in lines:
+    # Without a source the last line says why; a warm start says it once, as its notice.
+    cold = source is None and not job.transfer_only
+    for line in lines[:-1] if cold else lines:
         console.print(line, markup=False)  # kernel classes in [brackets] are not markup
-    if source is None and not job.transfer_only:
-        console.print("[yellow]warm start[/]: nothing to transfer; tuning cold")
+    if cold:
+        console.print(f"[yellow]warm start[/]: {escape(lines[-1])}; tuning cold")
     return Transfer(tasks, target, source, ranking=lines)
 
 

@@ -54,14 +54,16 @@ def checked_job(target: str | None, **settings: Any) -> TuneJob:
 
 def check_library(job: TuneJob) -> None:
     """Refuse a schedule library that cannot serve the job: a source that does not exist, an
-    unreachable registry, nothing in it, or only schedules of another target. It reads every
+    unreachable registry, only schedules of another target, or, for a transfer, nothing in it
+    (an empty library leaves a warm start cold, with a notice in the flow). It reads every
     source's database (downloading registered ones), which is what finding out takes."""
     from .target import make_target
     from .transfer.library import load_library, target_key
     from .transfer.run import library_spec, library_uri
 
     library = load_library(library_spec(job), library_uri(job))
-    library.check_target(target_key(make_target(job.target)))
+    if job.transfer_only or not library.is_empty():
+        library.check_target(target_key(make_target(job.target)))
 
 
 def check_writable(path: Path, flag: str) -> None:

@@ -315,6 +315,75 @@ def test_transfer_refuses_bad_libraries_in_one_line(
     assert "no registered model nobody@champion" in line
 
 
+def _tune_fails(capsys, argv, out: Path) -> str:
+    code = main(["tune", str(EXAMPLES / "small_cnn.py"), "--entry", "tiny_mlp_wide",
+                 "--out", str(out), *argv])  # fmt: skip
+    err = capsys.readouterr()
+    assert code != 0
+    lines = [line for line in err.err.strip().splitlines() if line.startswith("gradtune: error:")]
+    assert len(lines) == 1, err.err
+    assert "RPC" not in err.out and not out.exists(), "refused before anything started"
+    return lines[0]
+
+
+def test_warm_start_refuses_a_library_spec_naming_nothing_in_one_line(
+    capsys, mlp_tasks, other_target, tmp_path, monkeypatch
+):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    out = tmp_path / "out"
+    line = _tune_fails(capsys, ["--warm-start", str(tmp_path / "missing")], out)
+    assert "no such run directory" in line
+    assert "empty library SPEC" in _tune_fails(capsys, ["--warm-start", " , "], out)
+    line = _tune_fails(capsys, ["--warm-start", "registry"], out)
+    assert "--mlflow-uri" in line
+    store = tmp_path / "mlflow.db"
+    import mlflow
+
+    mlflow.MlflowClient(f"sqlite:///{store}").search_registered_models()  # creates the store
+    uri = ["--mlflow-uri", f"sqlite:///{store}"]
+    line = _tune_fails(capsys, ["--warm-start", "nobody@champion", *uri], out)
+    assert "no registered model nobody@champion" in line
+    _record_database(tmp_path / "other", mlp_tasks, [other_target])
+    line = _tune_fails(capsys, ["--warm-start", str(tmp_path / "other")], out)
+    assert "not for this run's target" in line
+
+
+def test_warm_start_from_an_empty_library_tunes_cold_with_a_one_line_notice(
+    capsys, mlp_tasks, llvm_target, tmp_path, monkeypatch
+):
+    """Nothing tuned yet (a fresh ``runs/``, an empty database, a registry without tuned
+    models): the job is accepted and the flow's transfer says so once and measures nothing;
+    a transfer, which would have nothing to do, is refused."""
+    import mlflow
+
+    from gradtune.pipeline import transfer_from_library
+    from gradtune.preflight import checked_job
+
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    fresh = tmp_path / "runs"
+    fresh.mkdir()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "database_workload.json").write_text("")
+    (empty / "database_tuning_record.json").write_text("")
+    store = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    mlflow.MlflowClient(store).search_registered_models()  # a registry holding no model
+    settings = dict(model=str(EXAMPLES / "small_cnn.py"), entry="tiny_mlp", mlflow_uri=store)
+    for spec in (str(fresh), str(empty), "registry", f"{fresh},{empty}"):
+        out = tmp_path / "out"
+        job = checked_job(None, **settings, out=str(out), library=spec)
+        assert not out.exists()
+        capsys.readouterr()
+        transfer = transfer_from_library(job, mlp_tasks, llvm_target)
+        lines = capsys.readouterr().out.strip().splitlines()
+        assert len(lines) == 1 and "library is empty" in lines[0], lines
+        assert lines[0].startswith("warm start:") and lines[0].endswith("tuning cold")
+        assert transfer.source is None
+        assert transfer(None, None, None, 64) == 0  # nothing measured, the search starts cold
+        with pytest.raises(GradtuneError, match="library is empty"):
+            checked_job(None, **settings, out=str(out), library=spec, transfer_only=True)
+
+
 # --------------------------------------------------------------------------- end to end
 
 

@@ -151,15 +151,22 @@ class Library:
                 out[(s.target, s.kernel_class, s.workload)].append(s)
         return dict(out)
 
+    def is_empty(self) -> bool:
+        """No tuned schedule of any target: nothing tuned yet, or nothing readable."""
+        return not self.targets()
+
+    def empty_reason(self) -> str:
+        skipped = f" ({len(self.skipped)} source(s) skipped as unreadable)" if self.skipped else ""
+        return f"the schedule library is empty: no tuned schedules{skipped}"
+
     def check_target(self, key: str) -> list[Source]:
         """The sources for ``key``; one line when there are none (empty, or another target)."""
         found = self.for_target(key)
         if found:
             return found
-        skipped = f" ({len(self.skipped)} source(s) skipped as unreadable)" if self.skipped else ""
         others = sorted(self.targets())
         if not others:
-            raise GradtuneError(f"the schedule library is empty: no tuned schedules{skipped}")
+            raise GradtuneError(self.empty_reason())
         raise GradtuneError(
             f"the schedule library holds schedules for target {target_label(others[0])}"
             + (f" (and {len(others) - 1} other(s))" if len(others) > 1 else "")
@@ -331,8 +338,10 @@ def load_library(spec: str, tracking_uri: str | None = None, top: int = 1) -> Li
     """The library of ``spec``: comma-separated run directories (or directories of them, such
     as ``runs/``), ``NAME@ALIAS`` and ``registry`` (every gradtune model at ``tracking_uri``).
 
-    A database that cannot be read is skipped and counted (``Library.skipped``); a spec naming
-    what does not exist (a directory, a registered model, the registry) is one line."""
+    A database that cannot be read is skipped and counted (``Library.skipped``); a directory
+    holding no run yet, or a registry without tuned models, adds nothing (``Library.is_empty``).
+    A spec naming what does not exist (a directory, a registered model, the registry) is one
+    line."""
     check_spec(spec, tracking_uri)
     library = Library()
     items: list[str] = []
@@ -351,10 +360,9 @@ def load_library(spec: str, tracking_uri: str | None = None, top: int = 1) -> Li
                 local = registered_database(item, tracking_uri, Path(tmp))
                 _add(library, item, local, top)
             continue
-        dirs = run_dirs(Path(item))
-        if not dirs:
-            raise GradtuneError(f"library {item!r} holds no tuning database")
-        for directory in dirs:
+        # A directory that exists but holds no run yet (a fresh ``runs/``) is an empty
+        # library, not a mistake: a warm start then tunes cold.
+        for directory in run_dirs(Path(item)):
             _add(library, str(directory), directory, top)
     return library
 

@@ -70,7 +70,10 @@ def select_source(
 ) -> tuple[Source | None, list[str]]:
     """The source to transfer from and the lines to print: by Eq. 1 (``choice`` "auto"), or
     the library's source named ``choice``. None (with a notice) when no source has a schedule
-    of any of the model's kernel classes. Raises for a library of another target only."""
+    of any of the model's kernel classes, or when the library is empty (the last line then
+    says why). Raises for a library of another target only."""
+    if library.is_empty():
+        return None, [f"{library.empty_reason()}: nothing to transfer"]
     sources = library.check_target(target_key(target))
     ranked = rank_sources(tasks, sources)
     lines = ranking_lines(tasks, ranked)

@@ -40,7 +40,9 @@ def git_commit() -> str:
         ).stdout.strip()
 
     commit = git("rev-parse", "--short", "HEAD") or "unknown"
-    return f"{commit} dirty" if git("status", "--porcelain") else commit
+    # Rendered results under bench/results are not code: they leave the commit clean.
+    changed = git("status", "--porcelain", "--", ".", ":!bench/results")
+    return f"{commit} dirty" if changed else commit
 
 
 def machine(target: dict[str, Any] | None) -> dict[str, Any]:
@@ -66,6 +68,7 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
     data: dict[str, Any] = {"models": {}, "failed_models": {}, "failed_runs": {}}
     target = None
     finished = failed = planned = 0
+    commits: set[str] = set()
     for name in models:
         prepared_path = layout.prepared(name)
         prepared = json.loads(prepared_path.read_text()) if prepared_path.is_file() else None
@@ -77,6 +80,7 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
         planned += len(mine)
         results = [json.loads(layout.result(s).read_text()) for s in mine if layout.finished(s)]
         finished += len(results)
+        commits |= {r.get("commit", "unrecorded") for r in results}
         ok = [r for r in results if "error" not in r]
         for r in results:
             if "error" in r:
@@ -105,7 +109,9 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
         data["models"][name] = entry
     data["partial"] = finished < planned
     data["runs"] = {"planned": planned, "finished": finished, "failed": failed}
-    data["commit"] = git_commit()
+    # The runs' commits; the render's own is recorded apart (it may be later, or dirty).
+    data["commit"] = ", ".join(sorted(commits)) or git_commit()
+    data["rendered_at"] = git_commit()
     data["machine"] = machine(target)
     data["budget_s"] = layout.budget
     data["conditions"] = CONDITIONS

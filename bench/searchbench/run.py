@@ -28,6 +28,7 @@ from typing import Any
 from searchbench import api
 from searchbench.layout import FRACTIONS, Layout, RunSpec
 from searchbench.models import MODELS
+from searchbench.report import git_commit
 
 DB = "db"  # the run's tune() work dir (JSONDatabase + MetaSchedule logs)
 WORKLOAD_FILE = "database_workload.json"
@@ -176,4 +177,6 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
         "loadavg_after": [round(x, 2) for x in load_after],
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "seconds_total": round(time.time() - started, 1),
+        # The code that ran: a later --render names this, not the commit it renders at.
+        "commit": git_commit(),
     }

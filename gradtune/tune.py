@@ -168,8 +168,10 @@ def _log_batch(
     database: Any,
     measured: int,
     start: float,
+    on_round: Callable[[RoundLog], None] | None = None,
 ) -> None:
-    """The transferred programs as one round of the curve (a batch before the search's)."""
+    """The transferred programs as one round of the curve (a batch before the search's),
+    reported to ``on_round`` like every batch of the search."""
     before = dict(best_us)
     best_us.update(best_from_database(database, tasks))
     improved = [us for name, us in best_us.items() if us < before.get(name, math.inf)]
@@ -186,6 +188,8 @@ def _log_batch(
             search=None,
         )
     )
+    if on_round is not None:
+        on_round(result.rounds[-1])
 
 
 def estimate_model_us(tasks: list[TuningTask], best_us: dict[str, float]) -> float:
@@ -337,7 +341,7 @@ def tune(
                 )
                 first += transferred
                 result.trials += transferred
-                _log_batch(result, tasks, best_us, database, transferred, start)
+                _log_batch(result, tasks, best_us, database, transferred, start, on_round)
             session.trials_left = remaining - first
             best_us.update(best_from_database(database, tasks))
             if strategy is not None and remaining > first and not session.stop.stopped:

@@ -2,12 +2,12 @@
 
 It shares the search-efficiency benchmark's work dir, models, preparation (leave-out cost
 models, ``prepared/<model>.json``) and run machinery; its own runs live apart, under
-``<budget>s/transfer/``::
+``<budget>s-transfer/``::
 
     work/<budget>s/prepared/<model>.json                  shared with search_efficiency
-    work/<budget>s/transfer/runs/<model>/<kind>-r<i>/     one run: db/, db_at_100/, result.json
-    work/<budget>s/transfer/timing/<model>.json           its libraries timed interleaved
-    work/<budget>s/transfer/logs/
+    work/<budget>s-transfer/runs/<model>/<kind>-r<i>/     one run: db/, db_at_100/, result.json
+    work/<budget>s-transfer/timing/<model>.json           its libraries timed interleaved
+    work/<budget>s-transfer/logs/
 
 A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
@@ -33,11 +33,12 @@ FINAL = "100"  # the build label: the model as tuned by the whole budget
 
 @dataclass(frozen=True)
 class TransferLayout(Layout):
-    """``Layout`` with the runs under ``<budget>s/transfer``; preparation stays shared."""
+    """``Layout`` with the runs under ``<budget>s-transfer`` (a name of its own, so that
+    ``searchbench.archive`` keeps budgets apart); preparation stays shared."""
 
     @property
     def root(self) -> Path:
-        return super().root / "transfer"
+        return self.work / f"{self.budget:g}s-transfer"
 
     def prepared(self, model: str) -> Path:
         return Layout(self.work, self.budget).prepared(model)

@@ -443,11 +443,13 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(tiny_model, llvm_tar
     warm = Transfer(wide, llvm_target, source)
     strategy = make_strategy("gradient", config=GradientConfig(seeds=4, steps=4))
     warm_dir = tmp_path / "warm"
+    reported = []
     with LocalFleet() as tracker:
         result = tune(wide, llvm_target, warm_dir, tracker, max_trials=8, search=strategy,
-                      trials_per_round=2, warm_start=warm)  # fmt: skip
+                      trials_per_round=2, warm_start=warm, on_round=reported.append)  # fmt: skip
     assert result.trials == 8 and warm.stats.measured >= 1
     assert result.rounds[0].task == "transfer" and result.rounds[0].measured == warm.stats.measured
+    assert reported[0] is result.rounds[0], "the transfer is reported as a batch, like the search's"
     # A fresh gradient search over that database: the transferred programs are its elites
     # (first seeds) and its cost model's first online data.
     database = run_database(warm_dir)

@@ -73,7 +73,7 @@ def select_source(
     of any of the model's kernel classes, or when the library is empty (the last line then
     says why). Raises for a library of another target only."""
     if library.is_empty():
-        return None, [f"{library.empty_reason()}: nothing to transfer"]
+        return None, [library.empty_reason()]
     sources = library.check_target(target_key(target))
     ranked = rank_sources(tasks, sources)
     lines = ranking_lines(tasks, ranked)

@@ -14,7 +14,7 @@ A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 - ``untuned``: nothing measured; the model built with its default schedules;
 - ``full``: ``gradtune tune`` with budget B, from an empty database (also the cold run);
 - ``transfer``: ``gradtune transfer``, no search, from a library of the *other* models'
-  ``full-r0`` databases, the source chosen by Eq. 1;
+  ``full-r0`` databases (``db/``, with its partition table), the source chosen by Eq. 1;
 - ``warm``: ``gradtune tune --warm-start`` with the same library and budget B.
 """
 
@@ -45,8 +45,9 @@ class TransferLayout(Layout):
 
     def library_dirs(self, model: str) -> list[Path]:
         """The databases the library of ``model`` is read from: every other model's finished,
-        successful ``full`` run in this work dir (as measured by the budget), never its own.
-        The plan runs every model's before any transfer, so it is all the other models'."""
+        successful ``full`` run in this work dir, never its own. The whole database, as a
+        user's ``runs/`` holds it (the search's last batch may end after B). The plan runs
+        every model's before any transfer, so it is all the other models'."""
         import json
 
         from searchbench.models import MODELS
@@ -57,7 +58,9 @@ class TransferLayout(Layout):
             if other == model or not self.finished(spec):
                 continue
             if "error" not in json.loads(self.result(spec).read_text()):
-                dirs.append(self.run_dir(spec) / f"db_at_{FINAL}")
+                whole = self.run_dir(spec) / "db"
+                # A restored run (searchbench.archive) keeps only what was measured by B.
+                dirs.append(whole if whole.is_dir() else self.run_dir(spec) / f"db_at_{FINAL}")
         return dirs
 
 

@@ -77,3 +77,30 @@ def test_warm_ratio_is_time_to_cold_final_latency_and_bounds_a_warm_start_that_n
     slow = {"rounds": _rounds((15, 700), (119, 510), (130, 400))}  # 130 s is past the budget
     entry = warm_ratio(cold, slow, budget=120)
     assert entry["bound"] and entry["ratio"] == pytest.approx(90 / 120)
+
+
+def test_share_of_full_speedup_is_the_share_of_the_gain_and_none_within_noise(tmp_path):
+    import json
+
+    from searchbench.layout import RunSpec, write_json
+    from transferbench.analysis import model_metrics
+    from transferbench.layout import TransferLayout
+
+    layout = TransferLayout(tmp_path, 60.0)
+
+    def finish(kind: str, wall: float) -> None:
+        spec = RunSpec("m", kind, 0)
+        result = {"run_id": spec.run_id, "searcher": kind, "repeat": 0, "wall_s": wall}
+        write_json(layout.result(spec), result | {"rounds": [], "transfer": None})
+
+    for kind, wall in (("untuned", 0.0), ("full", 66.0), ("transfer", 11.0)):
+        finish(kind, wall)
+    timing = {"untuned-r0@100": 3.0, "full-r0@100": 1.0, "transfer-r0@100": 1.5}
+    write_json(layout.timing("m"), {"ms": timing})
+    metrics = model_metrics(layout, "m")
+    # Untuned → full gains 2.0 (3×); the transfer gains 1.0 (2×): half of the gain.
+    assert metrics["fraction_of_full_speedup"] == pytest.approx(0.5)
+    assert metrics["time_ratio"] == pytest.approx(6.0)
+    timing["full-r0@100"] = 2.99  # full tuning gained nothing measurable
+    layout.timing("m").write_text(json.dumps({"ms": timing}))
+    assert model_metrics(layout, "m")["fraction_of_full_speedup"] is None

@@ -48,3 +48,10 @@ def tiny_mlp() -> tuple[nn.Module, tuple[torch.Tensor]]:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 16))
     return model.eval(), (torch.randn(4, 64),)
+
+
+def tiny_mlp_wide() -> tuple[nn.Module, tuple[torch.Tensor]]:
+    """``tiny_mlp``'s kernel classes at other shapes: what its schedules transfer to (tests)."""
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(96, 200), nn.ReLU(), nn.Linear(200, 24))
+    return model.eval(), (torch.randn(6, 96),)

@@ -28,6 +28,7 @@ from gradtune.errors import GradtuneError
 from gradtune.job import make_job
 from gradtune.promotion import CHALLENGER, CHAMPION
 from gradtune.stop import exit_on_signals
+from gradtune.transfer.library import REGISTRY
 
 tuning = load_tasks("tuning", __file__)
 steps = load_tasks("retune", __file__)
@@ -51,13 +52,18 @@ def retune_on_change(
     measure: str = "fixed",
     dask_address: str | None = None,
     dask_workers: int | None = None,
+    warm_start: bool = True,
 ) -> list[dict[str, Any]]:
     """Retune ``models`` (paths or registered names; default: every model of ``config``)
     whose fingerprint differs from their champion's; one result per model.
 
     ``dask_address``: the scheduler of an existing Dask cluster (``tcp://host:8786``) to tune
     the models on; None: a local cluster of ``dask_workers`` processes (None: as many as can
-    measure without timing each other, ``scaleout.local_workers``)."""
+    measure without timing each other, ``scaleout.local_workers``).
+
+    ``warm_start``: each tune starts from the schedules of the registry's gradtune models (the
+    model's own champion among them) by transfer-tuning; an empty registry tunes cold.
+    """
     uri = mlflow_uri or os.environ.get("MLFLOW_TRACKING_URI")
     if not uri:
         raise GradtuneError(
@@ -68,6 +74,7 @@ def retune_on_change(
     settings = dict(
         trials=trials, time_budget=time_budget, search=search, tracker=tracker, key=key,
         mlflow_uri=uri, alias=CHALLENGER, rpc_servers=rpc_servers, seed=seed, measure=measure,
+        library=REGISTRY if warm_start else None,
     )  # fmt: skip
     workers = dask_workers or scaleout.local_workers(
         len(specs), scaleout.target_cores(target), scaleout.remote_devices(tracker, len(specs))
@@ -147,8 +154,9 @@ def retune_model(
     # One directory per fingerprint: an interrupted retune of the same model resumes there.
     job.out, job.resume = str(Path(out) / name / fp), True
     fused, tasks = tuning.partition_model(imported, job.target)
-    # Warm start goes here: once transfer-tuning exists, seed the tune with the schedule
-    # library's records for these tasks. Until then every retune tunes cold.
+    # With job.library set, the tune stage first measures the library's schedules for these
+    # tasks (transfer-tuning), which seed the search: a changed model retunes from its
+    # champion's schedules of the kernel classes it kept.
     tuned = tuning.tune_model_tasks(job, tasks, job.target)
     tolerance = {
         key: value

@@ -45,13 +45,20 @@ def tune_model(
     rpc_servers: int = 1,
     seed: int = 0,
     measure: str = "fixed",
+    library: str | None = None,
+    library_from: str = "auto",
+    transfer_only: bool = False,
 ) -> dict[str, Any]:
-    """import → partition → tune over RPC → compile/verify/time → report + register."""
+    """import → partition → tune over RPC → compile/verify/time → report + register.
+
+    With ``library``, the tune stage first measures schedules transferred from it (a warm
+    start); with ``transfer_only`` too, it searches no further (``gradtune transfer``)."""
     job = make_job(
         target, model=model, entry=entry, input_shapes=input_shapes or {}, trials=trials,
         time_budget=time_budget, out=out or fresh_out_dir(model), resume=resume,
         search=search, tracker=tracker, key=key, mlflow_uri=mlflow_uri, name=name, alias=alias,
-        rpc_servers=rpc_servers, seed=seed, measure=measure,
+        rpc_servers=rpc_servers, seed=seed, measure=measure, library=library,
+        library_from=library_from, transfer_only=transfer_only,
     )  # fmt: skip
     with exit_on_signals(), flow_logging.to_run_logs():
         imported = tuning.import_model(job)

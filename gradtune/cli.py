@@ -1,5 +1,5 @@
-"""``gradtune`` command line: ``tune`` a model, ``retune`` changed ones, ``pull`` a registered
-one."""
+"""``gradtune`` command line: ``tune`` a model (or ``transfer`` schedules to it), ``retune``
+changed ones, ``pull`` a registered one."""
 
 from __future__ import annotations
 
@@ -60,20 +60,6 @@ def build_parser() -> argparse.ArgumentParser:
 
     tune = sub.add_parser("tune", help="tune a PyTorch (.py) or ONNX (.onnx) model")
     tune.add_argument("model", help="a .onnx file, or a .py file defining --entry")
-    tune.add_argument(
-        "--entry",
-        default="get_model",
-        help="function in the .py file returning (nn.Module, example inputs)",
-    )
-    tune.add_argument(
-        "--input-shape",
-        action="append",
-        metavar="NAME=D1,D2,...",
-        help="shape of a dynamic ONNX input (repeatable)",
-    )
-    tune.add_argument(
-        "--target", default=None, help="'llvm' (this CPU, default), 'cuda', or a JSON target object"
-    )
     tune.add_argument("--trials", type=int, default=128, help="total measured trials")
     tune.add_argument(
         "--time-budget",
@@ -82,44 +68,19 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="stop tuning after this much wall-clock time",
     )
-    tune.add_argument("--out", default=None, help="output directory (default runs/<model>)")
-    tune.add_argument(
-        "--resume",
-        action="store_true",
-        help="continue in an existing output directory of the same model",
-    )
     tune.add_argument(
         "--search",
         default="gradient",
         help="gradient (Felix) | evolutionary | replay-trace | replay-func",
     )
     tune.add_argument(
-        "--tracker",
+        "--warm-start",
         default=None,
-        metavar="HOST:PORT",
-        help="existing RPC tracker (default: start a local fleet)",
+        metavar="SPEC",
+        help="start the search from schedules transferred from a library (see transfer)",
     )
-    tune.add_argument("--key", default=None, help="device key on the tracker")
-    tune.add_argument(
-        "--rpc-servers",
-        type=int,
-        default=1,
-        help="servers in the local fleet (1 keeps measurements uncontended)",
-    )
-    tune.add_argument(
-        "--mlflow-uri",
-        default=None,
-        help="MLflow tracking URI (default: sqlite store in the output directory)",
-    )
-    tune.add_argument("--name", default=None, help="registered model name")
-    tune.add_argument("--alias", default="champion", help="registered model alias")
-    tune.add_argument("--seed", type=int, default=0)
-    tune.add_argument(
-        "--measure",
-        default="fixed",
-        choices=["fixed", "adaptive"],
-        help="time candidates fixed (3 × 3 runs, ≥ 20 ms each) or adaptively (until stable)",
-    )
+    add_run_options(tune)
+    add_transfer_parser(sub)
 
     pull = sub.add_parser("pull", help="download a registered model and run it once")
     pull.add_argument("ref", metavar="NAME@ALIAS")
@@ -175,6 +136,108 @@ def build_parser() -> argparse.ArgumentParser:
     add_register_parser(sub)
     add_retune_parser(sub)
     return parser  # fmt: skip
+
+
+def add_run_options(parser: argparse.ArgumentParser) -> None:
+    """Options of every command that tunes a model into an output directory (tune, transfer)."""
+    parser.add_argument(
+        "--entry",
+        default="get_model",
+        help="function in the .py file returning (nn.Module, example inputs)",
+    )
+    parser.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="NAME=D1,D2,...",
+        help="shape of a dynamic ONNX input (repeatable)",
+    )
+    parser.add_argument(
+        "--target", default=None, help="'llvm' (this CPU, default), 'cuda', or a JSON target object"
+    )
+    parser.add_argument("--out", default=None, help="output directory (default runs/<model>)")
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="continue in an existing output directory of the same model",
+    )
+    parser.add_argument(
+        "--tracker",
+        default=None,
+        metavar="HOST:PORT",
+        help="existing RPC tracker (default: start a local fleet)",
+    )
+    parser.add_argument("--key", default=None, help="device key on the tracker")
+    parser.add_argument(
+        "--rpc-servers",
+        type=int,
+        default=1,
+        help="servers in the local fleet (1 keeps measurements uncontended)",
+    )
+    parser.add_argument(
+        "--mlflow-uri",
+        default=None,
+        help="MLflow tracking URI (default: sqlite store in the output directory)",
+    )
+    parser.add_argument("--name", default=None, help="registered model name")
+    parser.add_argument("--alias", default="champion", help="registered model alias")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--measure",
+        default="fixed",
+        choices=["fixed", "adaptive"],
+        help="time candidates fixed (3 × 3 runs, ≥ 20 ms each) or adaptively (until stable)",
+    )
+
+
+def add_transfer_parser(sub) -> None:
+    transfer = sub.add_parser(
+        "transfer",
+        help="tune a model with no search: the schedules of models tuned before, transferred",
+    )
+    transfer.add_argument("model", help="a .onnx file, or a .py file defining --entry")
+    transfer.add_argument(
+        "--library",
+        default="registry",
+        metavar="SPEC",
+        help="comma-separated run directories (or directories of them), NAME@ALIAS, and "
+        "'registry': every gradtune model in the MLflow registry (default)",
+    )
+    transfer.add_argument(
+        "--from",
+        default="auto",
+        metavar="auto|NAME@ALIAS|DIR",
+        help="the source to transfer from (auto: the paper's Eq. 1 over the library)",
+    )
+    add_run_options(transfer)
+
+    library = sub.add_parser("library", help="the schedule library transfer-tuning reads")
+    library_sub = library.add_subparsers(dest="library_command", required=True)
+    ls = library_sub.add_parser("ls", help="what the library holds, per target and kernel class")
+    ls.add_argument(
+        "--mlflow-uri",
+        default=os.environ.get("MLFLOW_TRACKING_URI"),
+        help="the registry whose gradtune models are listed (default: MLFLOW_TRACKING_URI)",
+    )
+    ls.add_argument(
+        "--from",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a run directory, a directory of them, or NAME@ALIAS (repeatable)",
+    )
+
+
+def cmd_library(args: argparse.Namespace) -> int:
+    items = list(getattr(args, "from"))
+    if args.mlflow_uri:
+        items.append("registry")
+    if not items:
+        raise GradtuneError("nothing to list: pass --mlflow-uri URI or --from DIR")
+    from .transfer.library import describe, load_library
+
+    for line in describe(load_library(",".join(items), args.mlflow_uri)):
+        print(line)
+    return 0
 
 
 def add_register_parser(sub) -> None:
@@ -238,6 +301,10 @@ def add_retune_parser(sub) -> None:
         "with as many workers as can measure without timing each other)",
     )  # fmt: skip
     retune.add_argument(
+        "--cold", action="store_true",
+        help="tune from nothing (default: warm-start from the registry's tuned schedules)",
+    )  # fmt: skip
+    retune.add_argument(
         "--dask-workers", type=int, default=None, metavar="N",
         help="workers of the local Dask cluster (default: cores / the target's num-cores)",
     )  # fmt: skip
@@ -299,7 +366,7 @@ def cmd_retune(args: argparse.Namespace) -> int:
         time_budget=args.time_budget, search=args.search, mlflow_uri=args.mlflow_uri,
         out=args.out, tracker=args.tracker, key=args.key, rpc_servers=args.rpc_servers,
         seed=args.seed, measure=args.measure, dask_address=args.dask_address,
-        dask_workers=args.dask_workers,
+        dask_workers=args.dask_workers, warm_start=not args.cold,
     )  # fmt: skip
     for r in results:
         detail = r.get("reason") or f"fingerprint {r['fingerprint']} matches the champion"
@@ -524,10 +591,11 @@ def _collect_argv(args: argparse.Namespace) -> list[str]:
 
 
 def _tune_argv(args: argparse.Namespace) -> list[str]:
-    """The ``tune`` command line of ``args`` (each option's dest is its flag)."""
+    """The ``tune`` (or ``transfer``) command line of ``args`` (each option's dest is its
+    flag)."""
     argv = ["gradtune.cli"]
     argv += ["--debug"] if args.debug else []  # a top-level flag: before the subcommand
-    argv += ["tune"]
+    argv += [args.command]
     for dest, value in vars(args).items():
         flag = f"--{dest.replace('_', '-')}"
         if dest in ("command", "model", "debug") or value is None or value is False:
@@ -544,15 +612,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from .frontend import parse_input_shapes
     from .preflight import checked_job
 
+    transfer = args.command == "transfer"
     settings = dict(
         model=args.model,
         entry=args.entry,
         input_shapes=parse_input_shapes(args.input_shape),
-        trials=args.trials,
-        time_budget=args.time_budget,
+        trials=128 if transfer else args.trials,
+        time_budget=None if transfer else args.time_budget,
         out=args.out or str(Path("runs") / Path(args.model).stem),
         resume=args.resume,
-        search=args.search,
+        search="gradient" if transfer else args.search,
         tracker=args.tracker,
         key=args.key,
         mlflow_uri=args.mlflow_uri,
@@ -561,6 +630,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         rpc_servers=args.rpc_servers,
         seed=args.seed,
         measure=args.measure,
+        library=args.library if transfer else args.warm_start,
+        library_from=getattr(args, "from") if transfer else "auto",
+        transfer_only=transfer,
     )
     if os.environ.get(_RELAYED_BY) == str(os.getppid()):
         # The process of _run_in_own_session: its parent checked everything (checked_job).
@@ -698,6 +770,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         commands = {
             "tune": cmd_tune,
+            "transfer": cmd_tune,
+            "library": cmd_library,
             "pull": cmd_pull,
             "symbolic": cmd_symbolic,
             "costmodel": cmd_costmodel,

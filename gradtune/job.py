@@ -57,6 +57,14 @@ class TuneJob:
     measure : str, default "fixed"
         How candidates are timed: "fixed" (number × repeat) or "adaptive" (until the CV of
         micro-batches settles; ``measure/adaptive.py``).
+    library : str | None, default None
+        A schedule library (``transfer.library.load_library``'s SPEC): what ``tune
+        --warm-start`` starts the search from, or what ``transfer`` transfers.
+    library_from : str, default "auto"
+        The library's source to transfer from: "auto" (Eq. 1), or a NAME@ALIAS or run
+        directory, which is then the whole library.
+    transfer_only : bool, default False
+        Transfer and search no further (``gradtune transfer``).
     """
 
     model: str
@@ -76,6 +84,9 @@ class TuneJob:
     rpc_servers: int = 1
     seed: int = 0
     measure: str = "fixed"
+    library: str | None = None
+    library_from: str = "auto"
+    transfer_only: bool = False
 
     @property
     def out_dir(self) -> Path:
@@ -144,6 +155,8 @@ def validate(job: TuneJob) -> None:
         raise GradtuneError(f"alias {job.alias!r}: use letters, digits, '.', '_' or '-'")
     if job.alias.lower() == "latest" or re.fullmatch(r"v\d+", job.alias.lower()):
         raise GradtuneError(f"alias {job.alias!r} is reserved by MLflow's registry; choose another")
+    if job.transfer_only and not job.library:
+        raise GradtuneError("transfer needs a schedule library (--library)")
     if job.rpc_servers <= 0:
         raise GradtuneError("--rpc-servers must be positive")
     if job.tracker:

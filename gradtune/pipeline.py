@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -31,6 +32,8 @@ from .redact import redact_uri
 from .search.session import RoundLog
 from .target import is_gpu, make_target
 from .task_timing import task_run_seconds
+from .transfer.library import load_library, write_task_table
+from .transfer.run import AUTO, Transfer, library_spec, library_uri, select_source
 from .tune import TuneResult, tune
 
 log = logging.getLogger(__name__)
@@ -101,12 +104,16 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
     the directory (``run.json``) here: input that fails to import leaves no directory behind."""
     mark_out_dir(job, fingerprint(job.model, job.entry, job.input_shapes))
     target = make_target(target_config)
+    write_task_table(job.out_dir, tasks)
+    transfer = transfer_from_library(job, tasks, target) if job.library else None
     columns = [
         TextColumn("[bold]tuning[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
         TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
     ]  # fmt: skip
     with rpc_tracker(job) as tracker, Progress(*columns, console=console) as progress:
-        bar = progress.add_task("tune", total=job.trials, status="starting (MetaSchedule init)")
+        # A transfer has no trial budget: its bar only runs.
+        total = None if job.transfer_only else job.trials
+        bar = progress.add_task("tune", total=total, status="starting (MetaSchedule init)")
 
         resumed = 0
 
@@ -127,9 +134,11 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             target,
             job.out_dir,
             tracker,
-            max_trials=job.trials,
+            # A transfer measures what it has; the budget bounds a search.
+            max_trials=TRANSFER_TRIALS if job.transfer_only else job.trials,
             time_budget=job.time_budget,
-            search=job.search,
+            search=None if job.transfer_only else job.search,
+            warm_start=transfer,
             measure=MeasureSettings(mode=job.measure),
             seed=job.seed,
             on_start=on_start,
@@ -137,6 +146,14 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             # Only a registry the user named: the default sqlite store under the job's out dir
             # holds this job's runs, never a pretrained champion.
             tracking_uri=job.mlflow_uri,
+        )
+    if transfer is not None:
+        result.transfer = stats = transfer.stats
+        console.print(
+            f"[bold]transfer[/] from {stats.source}: {stats.applied} applied, {stats.adapted} "
+            f"adapted, {stats.failed} failed; {stats.measured} measured in "
+            f"{stats.seconds:.1f} s; faster than the default: {len(stats.transferred_tasks)} "
+            f"of {len(tasks)} tasks"
         )
     if result.resumed_trials:
         console.print(f"resumed: {result.resumed_trials} trials already in the database were kept")
@@ -146,6 +163,26 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
         result.rounds[-1].estimated_model_us / 1e3 if result.rounds else math.nan,
     )  # fmt: skip
     return result
+
+
+TRANSFER_TRIALS = 10**6  # no budget: a transfer measures every candidate it has
+
+
+def transfer_from_library(job: TuneJob, tasks: list[TuningTask], target: Any) -> Transfer:
+    """The job's library read, its source chosen by Eq. 1 (or ``--from``), the ranking printed;
+    an empty library, or one without the model's kernel classes, leaves a warm start cold with
+    a one-line notice."""
+    library = load_library(library_spec(job), library_uri(job))
+    if library.skipped:
+        console.print(f"[yellow]library[/]: {len(library.skipped)} unreadable source(s) skipped")
+    source, lines = select_source(tasks, library, target, AUTO)
+    # Without a source the last line says why; a warm start says it once, as its notice.
+    cold = source is None and not job.transfer_only
+    for line in lines[:-1] if cold else lines:
+        console.print(line, markup=False)  # kernel classes in [brackets] are not markup
+    if cold:
+        console.print(f"[yellow]warm start[/]: {escape(lines[-1])}; tuning cold")
+    return Transfer(tasks, target, source, ranking=lines)
 
 
 def compile_stage(
@@ -244,7 +281,7 @@ def run_summary(
         "model": job.model,
         "framework": model.framework,
         "target": job.target,
-        "search": job.search,
+        "search": "transfer" if job.transfer_only else job.search,
         "tasks": len(tasks),
         "trials": tuned.trials,
         "resumed_trials": tuned.resumed_trials,
@@ -282,6 +319,26 @@ def run_summary(
             for name, p in compiled.peers.items()
         },
         "roofline": roofline.summarize(tasks, tuned.best_us, compiled.peak, compiled.ort_op_us),
+        **transfer_summary(job, tuned),
+    }
+
+
+def transfer_summary(job: TuneJob, tuned: TuneResult) -> dict[str, Any]:
+    """What a transfer or warm start adds to ``summary.json`` (nothing for a cold run)."""
+    stats = tuned.transfer
+    if stats is None:
+        return {}
+    return {
+        "warm_start": not job.transfer_only,
+        "source": stats.source,
+        "source_ranking": stats.ranking,
+        "transferred_tasks": stats.transferred_tasks,
+        "candidates_tried": stats.candidates_tried,
+        "candidates_invalid": stats.candidates_invalid,
+        "candidates_applied": stats.applied,
+        "candidates_adapted": stats.adapted,
+        "candidates_failed": stats.failed,
+        "transfer_seconds": stats.seconds,
     }
 
 
@@ -344,7 +401,8 @@ def report_and_register_stage(
     search_params = asdict(tuned.search_summary) if tuned.search_summary is not None else {}
     params = {
         "model": job.model, "entry": job.entry, "framework": model.framework,
-        "target": job.target, "search": job.search, "measure": job.measure,
+        "target": job.target, "search": "transfer" if job.transfer_only else job.search,
+        "measure": job.measure, "library": job.library, "library_from": job.library_from,
         "trials_budget": job.trials,
         "time_budget": job.time_budget, "tasks": len(tasks), "seed": job.seed,
         **{f"search_{k}": v for k, v in search_params.items()},

@@ -47,7 +47,23 @@ def checked_job(target: str | None, **settings: Any) -> TuneJob:
     load_model(job.model, job.entry, job.input_shapes)
     job.target = parse_target(target)
     check_resumed_target(job)
+    if job.library:
+        check_library(job)
     return job
+
+
+def check_library(job: TuneJob) -> None:
+    """Refuse a schedule library that cannot serve the job: a source that does not exist, an
+    unreachable registry, only schedules of another target, or, for a transfer, nothing in it
+    (an empty library leaves a warm start cold, with a notice in the flow). It reads every
+    source's database (downloading registered ones), which is what finding out takes."""
+    from .target import make_target
+    from .transfer.library import load_library, target_key
+    from .transfer.run import library_spec, library_uri
+
+    library = load_library(library_spec(job), library_uri(job))
+    if job.transfer_only or not library.is_empty():
+        library.check_target(target_key(make_target(job.target)))
 
 
 def check_writable(path: Path, flag: str) -> None:

@@ -53,6 +53,7 @@ class TuneResult:
     search_summary: RunSummary | None = None  # the gradient search's run totals
     default_kept: list[str] = field(default_factory=list)  # tasks no searched program beat
     measure_cost: MeasureCost = field(default_factory=MeasureCost)  # device time spent timing
+    transfer: Any = None  # transfer.run.TransferStats of a transfer or warm start
 
 
 def run_database(work_dir: Path):
@@ -160,6 +161,37 @@ def _make_progress_callback(
     return ProgressCallback()
 
 
+def _log_batch(
+    result: TuneResult,
+    tasks: list[TuningTask],
+    best_us: dict[str, float],
+    database: Any,
+    measured: int,
+    start: float,
+    on_round: Callable[[RoundLog], None] | None = None,
+) -> None:
+    """The transferred programs as one round of the curve (a batch before the search's),
+    reported to ``on_round`` like every batch of the search."""
+    before = dict(best_us)
+    best_us.update(best_from_database(database, tasks))
+    improved = [us for name, us in best_us.items() if us < before.get(name, math.inf)]
+    result.rounds.append(
+        RoundLog(
+            round=len(result.rounds) + 1,
+            task="transfer",
+            measured=measured,
+            trials=result.trials,
+            seconds=time.perf_counter() - start,
+            batch_best_us=min(improved, default=math.inf),
+            task_best_us=min(improved, default=math.inf),
+            estimated_model_us=estimate_model_us(tasks, best_us),
+            search=None,
+        )
+    )
+    if on_round is not None:
+        on_round(result.rounds[-1])
+
+
 def estimate_model_us(tasks: list[TuningTask], best_us: dict[str, float]) -> float:
     """Σ weight × (best tuned or else untuned) per-call latency: the kernels' share of a run."""
     total = 0.0
@@ -194,7 +226,7 @@ def tune(
     tracker: Tracker,
     max_trials: int,
     time_budget: float | None = None,
-    search: str | ReportingStrategy = "gradient",
+    search: str | ReportingStrategy | None = "gradient",
     trials_per_round: int | None = None,
     num_rpc_workers: int = 1,
     measure: MeasureSettings | None = None,
@@ -202,6 +234,7 @@ def tune(
     on_start: Callable[[int], None] | None = None,
     on_round: Callable[[RoundLog], None] | None = None,
     tracking_uri: str | None = None,
+    warm_start: Callable[[Any, Any, Any, int], int] | None = None,
 ) -> TuneResult:
     """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
 
@@ -209,12 +242,19 @@ def tune(
     MetaSchedule's objects in ``search.stoppable.Stoppable``. ``on_start`` gets the number of
     trials already in the database, ``on_round`` each batch. ``tracking_uri``: the MLflow
     registry the gradient search takes its cost model from (when ``search`` is a name).
+
+    ``warm_start(database, builder, runner, trials_left)`` (``transfer.run.Transfer``) measures
+    programs into the database after the default schedules and before the search, which then
+    starts from them; it returns how many it measured. ``search`` None: no search at all (a
+    transfer-only run), and ``max_trials`` bounds nothing but what ``warm_start`` may measure.
     """
     import psutil
     from tvm.s_tir import meta_schedule as ms
 
     if max_trials <= 0:
         raise GradtuneError(f"trial budget must be positive, got {max_trials}")
+    if search is None and warm_start is None:
+        raise GradtuneError("no search and nothing to transfer: nothing to tune")
     if isinstance(search, str) and search not in SEARCH_STRATEGIES:
         raise GradtuneError(
             f"unknown search {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}"
@@ -228,6 +268,8 @@ def tune(
     best_us = best_from_database(database, tasks)
     result.best_us = best_us
     remaining = max_trials - result.resumed_trials
+    if search is None:  # a transfer: every candidate it has, however many were measured before
+        remaining = max_trials
     if remaining <= 0:
         log.info("database already holds %d trials: nothing left to tune", result.resumed_trials)
         return result
@@ -257,7 +299,8 @@ def tune(
         else search
     )
     session = Session()
-    strategy.attach(session)
+    if strategy is not None:
+        strategy.attach(session)
     contexts = [
         ms.TuneContext(
             mod=task.mod,
@@ -270,7 +313,7 @@ def tune(
             num_threads=cores,
         ).clone()
         for i, task in enumerate(tasks)
-    ]
+    ] if strategy is not None else []  # fmt: skip
     start = time.perf_counter()
     devices = DeviceWatch(session.stop)
     callbacks = [
@@ -288,16 +331,25 @@ def tune(
         with defer_signals(session.stop):
             # Measured like every candidate, each task's default schedule is what the search
             # must beat; the database then never hands the compiler a slower program.
-            defaults = measure_defaults(tasks, target, database, builder, runner)
-            result.trials += defaults
-            session.trials_left = remaining - defaults
+            first = measure_defaults(tasks, target, database, builder, runner)
+            result.trials += first
+            if warm_start is not None and not session.stop.stopped:
+                # A warm start leaves the search at least half of the budget.
+                left = remaining - first
+                transferred = warm_start(
+                    database, builder, runner, left if strategy is None else left // 2
+                )
+                first += transferred
+                result.trials += transferred
+                _log_batch(result, tasks, best_us, database, transferred, start, on_round)
+            session.trials_left = remaining - first
             best_us.update(best_from_database(database, tasks))
-            if remaining > defaults and not session.stop.stopped:
+            if strategy is not None and remaining > first and not session.stop.stopped:
                 ms.tune_tasks(
                     tasks=contexts,
                     task_weights=[float(t.weight) for t in tasks],
                     work_dir=str(work_dir),
-                    max_trials_global=remaining - defaults,
+                    max_trials_global=remaining - first,
                     num_trials_per_iter=trials_per_round,
                     builder=builder,
                     runner=runner,

@@ -121,13 +121,16 @@ def tune(
     seed: int,
     trials_per_round: int | None,
     on_round: Callable[[Any], None],
+    warm_start: Callable[[Any, Any, Any, int], int] | None = None,
 ) -> Any:
-    """``gradtune tune --time-budget BUDGET --trials 5000 --seed SEED`` on ``tasks``."""
+    """``gradtune tune --time-budget BUDGET --trials 5000 --seed SEED`` on ``tasks``;
+    ``warm_start`` is what ``--warm-start`` adds (``strategy`` None: ``gradtune transfer``)."""
     from gradtune.tune import tune as gradtune_tune
 
     return gradtune_tune(
         tasks, target, work_dir, tracker, max_trials=CLI_TRIALS, time_budget=budget,
         search=strategy, trials_per_round=trials_per_round, seed=seed, on_round=on_round,
+        warm_start=warm_start,
     )  # fmt: skip
 
 

@@ -38,7 +38,8 @@ class Interrupted(Exception):
 class Children:
     """The one child running at a time, and the user's request to stop."""
 
-    def __init__(self) -> None:
+    def __init__(self, script: Path = SCRIPT) -> None:
+        self.script = script  # the benchmark whose --one / --prepare / --time the child runs
         self.current: subprocess.Popen | None = None
         self.stopping = False
 
@@ -60,7 +61,7 @@ class Children:
             out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(args)}\n")
             out.flush()
             self.current = subprocess.Popen(
-                [sys.executable, str(SCRIPT), *args], stdout=out, stderr=subprocess.STDOUT,
+                [sys.executable, str(self.script), *args], stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True, cwd=ROOT,
             )  # fmt: skip
             try:
@@ -222,10 +223,10 @@ def time_stale_models(children: Children, layout: Layout, models: list[str]) -> 
             print(f"{model}: end-to-end timing failed (exit {code}); see {log}", flush=True)
 
 
-def run_all(layout: Layout, specs: list[RunSpec], on_progress) -> bool:
-    """Run every unfinished spec in order; ``on_progress()`` after each (it writes the
-    report). Returns False if interrupted."""
-    children = Children()
+def run_all(layout: Layout, specs: list[RunSpec], on_progress, script: Path = SCRIPT) -> bool:
+    """Run every unfinished spec in order, each a child ``script --one ...``; ``on_progress()``
+    after each (it writes the report). Returns False if interrupted."""
+    children = Children(script)
     children.install()
     models = list(dict.fromkeys(s.model for s in specs))
     try:

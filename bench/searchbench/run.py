@@ -38,9 +38,15 @@ RECORD_FILE = "database_tuning_record.json"
 def tune_until_deadline(
     spec: RunSpec, tasks: list[Any], target: Any, tracker: Any, budget: float, run_dir: Path,
     weights: Path | None, gradient: dict[str, Any] | None = None,
+    warm_start: Any = None, search: bool = True,
 ) -> dict[str, Any]:  # fmt: skip
-    """Tune; returns the rounds (wall-clock stamped), wall time and the searcher's summary."""
-    strategy = api.make_searcher(spec.searcher, target.kind.name, weights, gradient)
+    """Tune; returns the rounds (wall-clock stamped), wall time and the searcher's summary.
+
+    ``warm_start`` (``transfer.run.Transfer``) measures transferred schedules before the
+    search, inside the clock; ``search`` False: nothing else (a transfer, no deadline)."""
+    strategy = (
+        api.make_searcher(spec.searcher, target.kind.name, weights, gradient) if search else None
+    )
     rounds: list[dict[str, Any]] = []
     start = time.perf_counter()
 
@@ -55,14 +61,15 @@ def tune_until_deadline(
 
     # On Ctrl-C / SIGTERM, tune() sets its stop signal and raises KeyboardInterrupt once TVM
     # has returned; the fleet then stops.
-    timer = api.stop_at(strategy, budget)
+    timer = api.stop_at(strategy, budget) if search else None
     try:
         result = api.tune(
             tasks, target, run_dir / DB, tracker, budget, strategy, seed=spec.repeat,
-            trials_per_round=spec.per_round, on_round=on_round,
+            trials_per_round=spec.per_round, on_round=on_round, warm_start=warm_start,
         )  # fmt: skip
     finally:
-        timer.cancel()
+        if timer is not None:
+            timer.cancel()
     wall = time.perf_counter() - start
     return {
         "rounds": rounds,

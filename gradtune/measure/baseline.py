@@ -64,7 +64,6 @@ def measure_defaults(
     run is logged and left out: the task is still tuned, and compiles untuned only if
     nothing it measured works."""
     import tvm_ffi
-    from tvm.s_tir import meta_schedule as ms
 
     if is_gpu(target):
         return 0
@@ -73,23 +72,47 @@ def measure_defaults(
     if not todo:
         return 0
     schedules = [default_schedule(t.mod) for t in todo]
+    errors = measure_and_commit(todo, schedules, target, database, builder, runner)
+    for task, error in zip(todo, errors, strict=True):
+        if error is not None:
+            log.warning("%s: the default schedule could not be measured (%s)", task.name, error)
+    return sum(error is None for error in errors)
+
+
+def measure_and_commit(
+    tasks: list[TuningTask],
+    schedules: list[Any],
+    target: Any,
+    database: Any,
+    builder: Any,
+    runner: Any,
+) -> list[str | None]:
+    """Build and time ``schedules[i]`` (a program of ``tasks[i]``) with the run's builder and
+    runner, and commit each one that ran as a tuning record; returns, per schedule, None or
+    the first line of why it could not be measured.
+
+    The default schedules and transferred ones (``gradtune.transfer``) are measured here, as
+    every searched candidate is: the same evaluator, device and repeats."""
+    from tvm.s_tir import meta_schedule as ms
+
+    if not schedules:
+        return []
     built = builder.build([ms.builder.BuilderInput(s.mod, target) for s in schedules])
-    args = [ms.arg_info.ArgInfo.from_prim_func(t.mod["main"]) for t in todo]
+    args = [ms.arg_info.ArgInfo.from_prim_func(t.mod["main"]) for t in tasks]
     runnable = [i for i, b in enumerate(built) if b.error_msg is None]
-    # GPU targets returned above, so the device is the (local or remote) CPU.
+    # The device is the (local or remote) CPU: GPU targets are not measured standalone.
     futures = runner.run(
         [ms.runner.RunnerInput(built[i].artifact_path, "cpu", args[i]) for i in runnable]
     )
     results = dict(zip(runnable, (f.result() for f in futures), strict=True))
-    measured = 0
-    for i, task in enumerate(todo):
+    errors: list[str | None] = []
+    for i, task in enumerate(tasks):
         error = built[i].error_msg or (results[i].error_msg if i in results else None)
         if built[i].artifact_path:
             shutil.rmtree(Path(built[i].artifact_path).parent, ignore_errors=True)
         run_secs = results[i].run_secs if i in results else None
         if error is not None or not run_secs:
-            log.warning("%s: the default schedule could not be measured (%s)", task.name,
-                        (error or "no timing").strip().splitlines()[0][:200])  # fmt: skip
+            errors.append((error or "no timing").strip().splitlines()[0][:200])
             continue
         database.commit_tuning_record(
             ms.database.TuningRecord(
@@ -100,8 +123,8 @@ def measure_defaults(
                 args_info=args[i],
             )
         )
-        measured += 1
-    return measured
+        errors.append(None)
+    return errors
 
 
 def kept_defaults(database: Any, tasks: list[TuningTask]) -> list[str]:

@@ -62,6 +62,13 @@ class GradientConfig(NamedTuple):
         the database's), each in its own sketch, instead of at random. Felix seeds at random;
         MetaSchedule's evolutionary search starts its population from the database's best,
         which is how it keeps improving once the cost model's ranking runs out.
+    warm_elite : float, default 0.5
+        Share of the seeds of a task's first round started from the programs the database held
+        before the run (a resumed run's, or schedules a warm start transferred from another
+        model), whatever ``elite`` is: the search starts where they are.
+    database_online : int, default 32
+        The database's fastest programs of a task the cost model is fine-tuned on before the
+        task's first round (its first online data, ahead of this run's measurements).
     per_seed_first : bool, default False
         Fill the exploited part of a batch with each seed's best-scored candidate first, then
         by score: one trajectory's neighbouring iterates cannot take the whole batch.
@@ -80,6 +87,8 @@ class GradientConfig(NamedTuple):
     penalty_weight: float = 10.0
     explore: float = 0.125
     elite: float = 0.0
+    warm_elite: float = 0.5
+    database_online: int = 32
     per_seed_first: bool = False
     warmup: int | None = None
 
@@ -256,10 +265,13 @@ class GradientSearch(ReportingStrategy):
     # -- Algorithm 1 ---------------------------------------------------------------------------
     def _load_measured(self, database: Any) -> None:
         """Programs already in the database for this workload: never measured twice (resume),
-        and the fastest of them seed the descent (``elite``)."""
+        the fastest of them seed the descent (``elite``), and they are the cost model's first
+        online data for this task: a resumed run's, or the schedules a warm start transferred
+        from another model (``gradtune.transfer``)."""
         if not database.has_workload(self.context.mod):
             return
         workload = database.commit_workload(self.context.mod)
+        programs, latencies = [], []
         for record in database.get_top_k(workload, 100000):
             k, decisions = self._sketch_of(record.trace)
             if decisions is None:
@@ -268,6 +280,13 @@ class GradientSearch(ReportingStrategy):
             secs = [float(s) for s in (record.run_secs or [])]
             if secs:
                 self.history.append((float(np.median(secs)), k, decisions))
+                if len(programs) < self.config.database_online:  # the fastest first
+                    feats = self.sketches[k].features_at(decisions, "smooth", refit=False)
+                    if feats is not None and torch.isfinite(feats).all():
+                        programs.append(feats.detach().to(torch.float32))
+                        latencies.append(float(np.median(secs)))
+        if programs:
+            self.cost_model.observe(str(self.context.task_name), programs, latencies)
 
     def _sketch_of(self, trace: Any) -> tuple[int, dict | None]:
         """Which modelled sketch ``trace`` instantiates, and its decisions in that sketch's
@@ -311,7 +330,10 @@ class GradientSearch(ReportingStrategy):
         # (sketch index, decision key) → (sketch index, decisions, seed id): the same decisions
         # in two sketches are two different programs.
         candidates: dict[tuple, tuple[int, dict, int]] = {}
-        elites = self._elites(int(round(cfg.elite * cfg.seeds)))
+        share = cfg.elite
+        if self.batches == 0 and self.history:  # the database's programs (resume, warm start)
+            share = max(share, cfg.warm_elite)
+        elites = self._elites(int(round(share * cfg.seeds)))
         randoms = cfg.seeds - sum(len(e) for e in elites.values())
         random_per_sketch = max(1, math.ceil(randoms / len(self.sketches)))
         seed_id = 0

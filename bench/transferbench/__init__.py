@@ -1,0 +1,1 @@
+"""The transfer-tuning benchmark's parts (the protocol is in bench/transfer_tuning.py)."""

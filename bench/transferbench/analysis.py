@@ -1,0 +1,136 @@
+"""The transfer benchmark's metrics, from the saved runs and their interleaved timing.
+
+(a) Transfer only, against full tuning (``gradtune tune`` with budget B; median of its
+    repeats), both measured end to end (the model libraries timed interleaved in one
+    process):
+    - ``fraction_of_full_speedup``: the share of full tuning's gain over untuned that the
+      transfer reaches, (untuned/transfer − 1) / (untuned/full − 1): 0 is untuned, 1 is full
+      tuning. None when full tuning gained no more than timing noise (``NOISE``): a share
+      of nothing measurable is noise too;
+    - ``time_ratio``: full tuning's wall time over the transfer's (library read, Eq. 1 and
+      every transferred schedule measured included).
+(b) Warm start against cold tuning (the same ``full`` runs), per repeat: cold's final
+    latency is its best estimated latency (Σ weight × best measured µs per task) by B; the
+    time cold took to first reach it over the time the warm start took (its transfer
+    included). A warm start that never reached it within B gives an upper bound
+    t_cold / B, marked; the model's ratio is the median over repeats.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from typing import Any
+
+from searchbench.layout import RunSpec
+
+from transferbench.layout import FINAL, FULL, TRANSFER, UNTUNED, WARM, TransferLayout
+
+NOISE = 0.02  # end-to-end differences below 2% are within a shared machine's timing noise
+
+
+def first_reached(rounds: list[dict[str, Any]], target_us: float, horizon: float) -> float | None:
+    """Wall-clock seconds of the first batch whose estimate is ≤ ``target_us`` (within
+    ``horizon``); None if none was."""
+    for r in rounds:
+        if r["wall_s"] <= horizon and math.isfinite(r["estimated_us"]):
+            if r["estimated_us"] <= target_us * (1 + 1e-9):
+                return r["wall_s"]
+    return None
+
+
+def warm_ratio(cold: dict[str, Any], warm: dict[str, Any], budget: float) -> dict[str, Any]:
+    """t_cold / t_warm to cold's final estimated latency; ``bound`` when warm never got there."""
+    target = cold["final_estimated_us"]
+    t_cold = first_reached(cold["rounds"], target, budget)
+    t_warm = first_reached(warm["rounds"], target, budget)
+    entry = {"cold_final_us": target, "t_cold_s": t_cold, "t_warm_s": t_warm}
+    if t_cold is None:  # cold never improved on its defaults: nothing to reach
+        return entry | {"ratio": None, "bound": False}
+    if t_warm is None:
+        return entry | {"ratio": t_cold / budget, "bound": True}
+    return entry | {"ratio": t_cold / max(t_warm, 1e-3), "bound": False}
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
+    """Every metric of one model from its finished runs (None where a run is missing)."""
+    results = {r["run_id"]: r for r in layout.results(model)}
+    ok = {rid: r for rid, r in results.items() if "error" not in r}
+    timing_path = layout.timing(model)
+    ms = json.loads(timing_path.read_text())["ms"] if timing_path.is_file() else {}
+
+    def runs(kind: str) -> list[dict[str, Any]]:
+        return sorted((r for r in ok.values() if r["searcher"] == kind), key=lambda r: r["repeat"])
+
+    def latency(kind: str) -> list[float]:
+        return [ms[f"{r['run_id']}@{FINAL}"] for r in runs(kind) if f"{r['run_id']}@{FINAL}" in ms]
+
+    untuned = _median(latency(UNTUNED))
+    full = _median(latency(FULL))
+    transfer = _median(latency(TRANSFER))
+    warm = _median(latency(WARM))
+    fraction = None
+    if untuned and full and transfer and untuned / full > 1 + NOISE:
+        fraction = (untuned / transfer - 1) / (untuned / full - 1)
+    full_wall = _median([r["wall_s"] for r in runs(FULL)])
+    transfer_runs = runs(TRANSFER)
+    transfer_wall = transfer_runs[0]["wall_s"] if transfer_runs else None
+    time_ratio = full_wall / transfer_wall if full_wall and transfer_wall else None
+    colds = {r["repeat"]: r for r in runs(FULL)}
+    per_repeat = {
+        w["repeat"]: warm_ratio(colds[w["repeat"]], w, w["budget_s"])
+        for w in runs(WARM)
+        if w["repeat"] in colds
+    }
+    ratios = [p["ratio"] for p in per_repeat.values() if p["ratio"] is not None]
+    source = transfer_runs[0]["transfer"] if transfer_runs else None
+    return {
+        "ms": {"untuned": untuned, "full": full, "transfer": transfer, "warm": warm},
+        "fraction_of_full_speedup": fraction,
+        "time_ratio": time_ratio,
+        "warm_start_t_ratio": _median(ratios),
+        "warm_start_bound": any(p["bound"] for p in per_repeat.values()),
+        "warm_start_per_repeat": per_repeat,
+        "full_wall_s": full_wall,
+        "transfer_wall_s": transfer_wall,
+        "transfer": source,
+        "runs": {
+            rid: ("error: " + r["error"].strip().splitlines()[-1]) if "error" in r else "ok"
+            for rid, r in sorted(results.items())
+        },  # fmt: skip
+        "repeats": {kind: len(runs(kind)) for kind in (FULL, WARM)},
+    }
+
+
+def gather(layout: TransferLayout, specs: list[RunSpec], models: list[str]) -> dict[str, Any]:
+    finished = sum(layout.finished(s) for s in specs)
+    return {
+        "models": {m: model_metrics(layout, m) for m in models},
+        "runs": {"planned": len(specs), "finished": finished},
+        "partial": finished < len(specs),
+        "budget_s": layout.budget,
+    }
+
+
+def _geomean(values: list[float | None]) -> float | None:
+    finite = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(math.log(v) for v in finite) / len(finite)) if finite else None
+
+
+def summary_line(data: dict[str, Any]) -> dict[str, Any]:
+    """The last line's JSON object, exactly the keys issue 16 names."""
+    keys = ("fraction_of_full_speedup", "time_ratio", "warm_start_t_ratio")
+    models = {name: {k: m[k] for k in keys} for name, m in data["models"].items()}
+    fractions = [m["fraction_of_full_speedup"] for m in models.values()]
+    fractions = [f for f in fractions if f is not None]
+    return {
+        "models": models,
+        "mean_fraction_of_full_speedup": statistics.fmean(fractions) if fractions else None,
+        "geomean_time_ratio": _geomean([m["time_ratio"] for m in models.values()]),
+        "geomean_warm_start_t_ratio": _geomean([m["warm_start_t_ratio"] for m in models.values()]),
+    }

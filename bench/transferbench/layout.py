@@ -1,0 +1,77 @@
+"""Where the transfer benchmark keeps its runs, and the order it runs them in.
+
+It shares the search-efficiency benchmark's work dir, models, preparation (leave-out cost
+models, ``prepared/<model>.json``) and run machinery; its own runs live apart, under
+``<budget>s-transfer/``::
+
+    work/<budget>s/prepared/<model>.json                  shared with search_efficiency
+    work/<budget>s-transfer/runs/<model>/<kind>-r<i>/     one run: db/, db_at_100/, result.json
+    work/<budget>s-transfer/timing/<model>.json           its libraries timed interleaved
+    work/<budget>s-transfer/logs/
+
+A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
+
+- ``untuned``: nothing measured; the model built with its default schedules;
+- ``full``: ``gradtune tune`` with budget B, from an empty database (also the cold run);
+- ``transfer``: ``gradtune transfer``, no search, from a library of the *other* models'
+  ``full-r0`` databases (``db/``, with its partition table), the source chosen by Eq. 1;
+- ``warm``: ``gradtune tune --warm-start`` with the same library and budget B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from searchbench.layout import Layout, RunSpec
+
+UNTUNED, FULL, TRANSFER, WARM = "untuned", "full", "transfer", "warm"
+KINDS = (UNTUNED, FULL, TRANSFER, WARM)
+LIBRARY_REPEAT = 0  # the full run of each model that the others' library holds
+FINAL = "100"  # the build label: the model as tuned by the whole budget
+
+
+@dataclass(frozen=True)
+class TransferLayout(Layout):
+    """``Layout`` with the runs under ``<budget>s-transfer`` (a name of its own, so that
+    ``searchbench.archive`` keeps budgets apart); preparation stays shared."""
+
+    @property
+    def root(self) -> Path:
+        return self.work / f"{self.budget:g}s-transfer"
+
+    def prepared(self, model: str) -> Path:
+        return Layout(self.work, self.budget).prepared(model)
+
+    def library_dirs(self, model: str) -> list[Path]:
+        """The databases the library of ``model`` is read from: every other model's finished,
+        successful ``full`` run in this work dir, never its own. The whole database, as a
+        user's ``runs/`` holds it (the search's last batch may end after B). The plan runs
+        every model's before any transfer, so it is all the other models'."""
+        import json
+
+        from searchbench.models import MODELS
+
+        dirs = []
+        for other in MODELS:
+            spec = RunSpec(other, FULL, LIBRARY_REPEAT)
+            if other == model or not self.finished(spec):
+                continue
+            if "error" not in json.loads(self.result(spec).read_text()):
+                whole = self.run_dir(spec) / "db"
+                # A restored run (searchbench.archive) keeps only what was measured by B.
+                dirs.append(whole if whole.is_dir() else self.run_dir(spec) / f"db_at_{FINAL}")
+        return dirs
+
+
+def plan(models: list[str], repeats: int) -> list[RunSpec]:
+    """Every model untuned and fully tuned first (they are the libraries), then each model's
+    transfer and first warm start; then the other repeats, full and warm alternating which
+    goes first (and between neighbouring models), so drift of the shared machine hits both."""
+    runs = [RunSpec(m, kind, 0) for m in models for kind in (UNTUNED, FULL)]
+    runs += [RunSpec(m, kind, 0) for m in models for kind in (TRANSFER, WARM)]
+    for repeat in range(1, repeats):
+        for i, model in enumerate(models):
+            order = (FULL, WARM) if (i + repeat) % 2 == 0 else (WARM, FULL)
+            runs += [RunSpec(model, kind, repeat) for kind in order]
+    return runs

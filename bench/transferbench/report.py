@@ -1,0 +1,51 @@
+"""The transfer benchmark's report: a Markdown table, the data as JSON, the summary line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from searchbench.layout import write_json
+from searchbench.report import git_commit, machine
+
+
+def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
+    return "–" if value is None else f"{value:{spec}}{suffix}"
+
+
+def text(data: dict[str, Any]) -> str:
+    lines = [
+        "# Transfer-tuning benchmark" + (" (PARTIAL)" if data["partial"] else ""),
+        "",
+        f"Budget B = {data['budget_s']:g} s per tuning run; runs finished "
+        f"{data['runs']['finished']} of {data['runs']['planned']}; rendered at {git_commit()}.",
+        "",
+        "| model | untuned ms | full ms | transfer ms | warm ms | share of full speedup "
+        "| full / transfer time | cold / warm time to cold's final | source (Eq. 1) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, m in data["models"].items():
+        ms = m["ms"]
+        ratio = _fmt(m["warm_start_t_ratio"], ".2f", "×")
+        if m["warm_start_bound"] and m["warm_start_t_ratio"] is not None:
+            ratio += " (bound: a warm start never reached it)"
+        source = (m["transfer"] or {}).get("source") or "–"
+        lines.append(
+            f"| {name} | {_fmt(ms['untuned'], '.3f')} | {_fmt(ms['full'], '.3f')} "
+            f"| {_fmt(ms['transfer'], '.3f')} | {_fmt(ms['warm'], '.3f')} "
+            f"| {_fmt(m['fraction_of_full_speedup'], '.0%')} | {_fmt(m['time_ratio'], '.1f', '×')} "
+            f"| {ratio} | {Path(source).parent.parent.name if '/' in source else source} |"
+        )
+    lines += ["", "Runs:"]
+    for name, m in data["models"].items():
+        lines.append(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in m["runs"].items()))
+    return "\n".join(lines)
+
+
+def write(data: dict[str, Any], out: Path, stem: str, target: dict | None) -> str:
+    """Write ``out/stem.md`` and ``out/stem.json``; returns the Markdown."""
+    body = text(data)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{stem}.md").write_text(body + "\n")
+    write_json(out / f"{stem}.json", data | {"machine": machine(target)})
+    return body

@@ -1,0 +1,142 @@
+"""One run of the transfer benchmark (a child process): tune, transfer or warm-start one model,
+then build the model as tuned by the budget.
+
+Each kind does what its ``gradtune`` command does, through the same calls the search-efficiency
+benchmark makes (``searchbench.run.tune_until_deadline``: the CLI's builder, local RPC fleet,
+task scheduler and batch, a timer stopping the search at the budget B):
+
+- ``full`` (= cold): the gradient search with this model's leave-out cost model, budget B;
+- ``transfer``: no search; the library's source chosen by Eq. 1 and its schedules measured,
+  as ``gradtune transfer`` (``transfer.run.Transfer``, tune's ``warm_start`` hook);
+- ``warm``: both: the transfer, then the search for the rest of B.
+
+The clock starts before the library is read: its loading, Eq. 1 and the measurement of the
+transferred schedules count toward a transfer's and a warm start's time. Every batch (the
+transfer is one) is stamped with its wall-clock time and the model's estimated latency.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from searchbench import api
+from searchbench import run as searchrun
+from searchbench.layout import RunSpec
+from searchbench.models import MODELS
+from searchbench.report import git_commit
+
+from transferbench.layout import FINAL, FULL, TRANSFER, UNTUNED, WARM, TransferLayout
+
+TRANSFER_BUDGET = 24 * 3600.0  # a transfer has no deadline: it measures what it has
+
+
+class LibraryTransfer:
+    """tune's ``warm_start`` hook that reads the library when called (inside the clock): the
+    sources by Eq. 1, then ``transfer.run.Transfer`` from the best."""
+
+    def __init__(self, tasks: list[Any], target: Any, library: list[Path]) -> None:
+        self.tasks, self.target, self.library = tasks, target, library
+        self.transfer: Any = None
+
+    def __call__(self, database: Any, builder: Any, runner: Any, trials_left: int) -> int:
+        from gradtune.transfer.library import load_library
+        from gradtune.transfer.run import AUTO, Transfer, select_source
+
+        library = load_library(",".join(str(d) for d in self.library))
+        source, lines = select_source(self.tasks, library, self.target, AUTO)
+        print("\n".join(lines), flush=True)
+        self.transfer = Transfer(self.tasks, self.target, source, ranking=lines)
+        return self.transfer(database, builder, runner, trials_left)
+
+    def stats(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self.transfer.stats) if self.transfer is not None else {}
+
+
+def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
+    """Everything of one run; returns the result that becomes ``result.json``."""
+    from gradtune.transfer.library import TASK_TABLE, write_task_table
+    from gradtune.tune import estimate_model_us
+
+    prepared = json.loads(layout.prepared(spec.model).read_text())
+    config, target = api.host_target()
+    run_dir = layout.run_dir(spec)
+    started = time.time()
+    load_before = os.getloadavg()
+    imported = api.import_model(MODELS[spec.model].tuning_file(layout.work))
+    fused, tasks = api.partition_model(imported, target)
+    db = run_dir / searchrun.DB
+    db.mkdir(parents=True, exist_ok=True)
+    # The partition table names each workload's kernel class: what a library reads.
+    write_task_table(db, tasks)
+    library = layout.library_dirs(spec.model) if spec.searcher in (TRANSFER, WARM) else []
+    if spec.searcher in (TRANSFER, WARM) and not library:
+        raise RuntimeError(f"no other model's {FULL} run finished: the library would be empty")
+    hook = LibraryTransfer(tasks, target, library) if library else None
+    weights = Path(prepared["weights"])
+    if spec.searcher == UNTUNED:
+        for name in (searchrun.WORKLOAD_FILE, searchrun.RECORD_FILE):
+            (db / name).touch()
+        tuned = {"rounds": [], "wall_s": 0.0, "overrun_pct": 0.0, "trials_total": 0}
+    else:
+        search = spec.searcher != TRANSFER
+        with api.local_fleet() as tracker:
+            tuned = searchrun.tune_until_deadline(
+                RunSpec(spec.model, "gradient", spec.repeat), tasks, target, tracker,
+                layout.budget if search else TRANSFER_BUDGET, run_dir, weights,
+                warm_start=hook, search=search,
+            )  # fmt: skip
+        if not search:
+            tuned["overrun_pct"] = 0.0
+    records = searchrun.record_count(run_dir)
+    # Only what was measured by the budget counts (a transfer has none: all of it).
+    in_budget = records if spec.searcher in (TRANSFER, UNTUNED) else None
+    if in_budget is None:
+        in_budget = searchrun.records_by(tuned["rounds"], layout.budget)
+    build: dict[str, Any] = {"records": in_budget}
+    start = time.perf_counter()
+    try:
+        database = searchrun.truncated_database(run_dir, in_budget, f"db_at_{FINAL}")
+        shutil.copyfile(db / TASK_TABLE, database / TASK_TABLE)
+        library_file = run_dir / f"model_at_{FINAL}.so"
+        build["max_abs_err"] = api.build_verify_export(
+            imported, fused, target, database, library_file
+        )
+        build["library"] = library_file.name
+    except Exception as err:  # a wrong schedule or a failed build: recorded, not fatal
+        build["error"] = f"{type(err).__name__}: {err}"[:2000]
+    build["compile_s"] = round(time.perf_counter() - start, 1)
+    # The latency the search reached by the budget, as its measured records estimate it.
+    horizon = layout.budget if spec.searcher in (FULL, WARM) else math.inf
+    final_us = searchrun.estimate_by(tuned["rounds"], horizon)
+    return {
+        "model": spec.model,
+        "searcher": spec.searcher,
+        "repeat": spec.repeat,
+        "seed": spec.repeat,
+        "run_id": spec.run_id,
+        "budget_s": layout.budget,
+        "tasks": len(tasks),
+        "target": config,
+        "cost_model": str(weights) if spec.searcher in (FULL, WARM) else None,
+        "library": [str(d) for d in library],
+        "transfer": hook.stats() if hook else None,
+        **tuned,
+        "untuned_estimated_us": estimate_model_us(tasks, {}),
+        "final_estimated_us": final_us if final_us is not None else estimate_model_us(tasks, {}),
+        "records_in_db": records,
+        "trials_in_budget": in_budget,
+        "builds": {FINAL: build},
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
+        "seconds_total": round(time.time() - started, 1),
+        "commit": git_commit(),
+    }

@@ -1,0 +1,106 @@
+"""bench/transfer_tuning.py: bad input refused before anything starts; its plan and metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+BENCH = ROOT / "bench"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def bench_on_path():
+    sys.path.insert(0, str(BENCH))
+    yield
+    sys.path.remove(str(BENCH))
+
+
+def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, str(BENCH / "transfer_tuning.py"), "--work", str(tmp_path / "work"),
+         "--out", str(tmp_path / "out"), *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--models", "dcgan_like", "no_such_model"], "unknown model no_such_model"),
+        (["--models", "dcgan_like"], "at least two"),
+        (["--budget", "0"], "--budget must be positive"),
+    ],
+)
+def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
+    done = _bench(tmp_path, *args)
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
+def test_plan_tunes_every_library_before_any_transfer_and_alternates_repeats():
+    from transferbench.layout import FULL, TRANSFER, UNTUNED, WARM, plan
+
+    models = ["a", "b", "c"]
+    runs = plan(models, repeats=3)
+    kinds = [(r.model, r.searcher, r.repeat) for r in runs]
+    assert len(set(kinds)) == len(kinds) == 3 * (2 + 2) + 3 * 2 * 2
+    first_transfer = min(i for i, r in enumerate(runs) if r.searcher in (TRANSFER, WARM))
+    assert {r.model for r in runs[:first_transfer] if r.searcher == FULL} == set(models)
+    assert {r.model for r in runs[:first_transfer] if r.searcher == UNTUNED} == set(models)
+    later = [r for r in runs if r.repeat > 0]
+    firsts = [later[i].searcher for i in range(0, len(later), 2)]
+    assert set(firsts) == {FULL, WARM}, "neither kind always goes first"
+    assert all(r.repeat == 0 for r in runs if r.searcher in (UNTUNED, TRANSFER))
+
+
+def _rounds(*points: tuple[float, float]) -> list[dict]:
+    return [{"wall_s": t, "estimated_us": us, "trials": i} for i, (t, us) in enumerate(points)]
+
+
+def test_warm_ratio_is_time_to_cold_final_latency_and_bounds_a_warm_start_that_never_got_there():
+    from transferbench.analysis import warm_ratio
+
+    cold = {"rounds": _rounds((10, 900), (40, 600), (90, 500), (120, 500)),
+            "final_estimated_us": 500.0}  # fmt: skip
+    warm = {"rounds": _rounds((15, 520), (30, 480))}
+    entry = warm_ratio(cold, warm, budget=120)
+    assert entry["t_cold_s"] == 90 and entry["t_warm_s"] == 30
+    assert entry["ratio"] == pytest.approx(3.0) and not entry["bound"]
+    slow = {"rounds": _rounds((15, 700), (119, 510), (130, 400))}  # 130 s is past the budget
+    entry = warm_ratio(cold, slow, budget=120)
+    assert entry["bound"] and entry["ratio"] == pytest.approx(90 / 120)
+
+
+def test_share_of_full_speedup_is_the_share_of_the_gain_and_none_within_noise(tmp_path):
+    import json
+
+    from searchbench.layout import RunSpec, write_json
+    from transferbench.analysis import model_metrics
+    from transferbench.layout import TransferLayout
+
+    layout = TransferLayout(tmp_path, 60.0)
+
+    def finish(kind: str, wall: float) -> None:
+        spec = RunSpec("m", kind, 0)
+        result = {"run_id": spec.run_id, "searcher": kind, "repeat": 0, "wall_s": wall}
+        write_json(layout.result(spec), result | {"rounds": [], "transfer": None})
+
+    for kind, wall in (("untuned", 0.0), ("full", 66.0), ("transfer", 11.0)):
+        finish(kind, wall)
+    timing = {"untuned-r0@100": 3.0, "full-r0@100": 1.0, "transfer-r0@100": 1.5}
+    write_json(layout.timing("m"), {"ms": timing})
+    metrics = model_metrics(layout, "m")
+    # Untuned → full gains 2.0 (3×); the transfer gains 1.0 (2×): half of the gain.
+    assert metrics["fraction_of_full_speedup"] == pytest.approx(0.5)
+    assert metrics["time_ratio"] == pytest.approx(6.0)
+    timing["full-r0@100"] = 2.99  # full tuning gained nothing measurable
+    layout.timing("m").write_text(json.dumps({"ms": timing}))
+    assert model_metrics(layout, "m")["fraction_of_full_speedup"] is None

@@ -104,3 +104,16 @@ def tiny_onnx(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("onnx") / "tiny_mlp.onnx"
     torch.onnx.export(model, (x,), str(path), input_names=["x"], output_names=["y"], dynamo=False)
     return path
+
+
+@pytest.fixture(autouse=True)
+def _tracking_uri_stays_in_its_test():
+    """``mlflow.set_tracking_uri`` also exports ``MLFLOW_TRACKING_URI`` (for child
+    processes): a test that reads a registry in-process would otherwise hand its server, long
+    stopped, to every later test that defaults to the environment's registry."""
+    before = os.environ.get("MLFLOW_TRACKING_URI")
+    yield
+    if before is None:
+        os.environ.pop("MLFLOW_TRACKING_URI", None)
+    else:
+        os.environ["MLFLOW_TRACKING_URI"] = before

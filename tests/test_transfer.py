@@ -172,7 +172,8 @@ def _describe(library: Library) -> list[str]:
     return describe(library)
 
 
-def test_library_ls_prints_each_kernel_class(mlp_tasks, llvm_target, tmp_path, capsys):
+def test_library_ls_prints_each_kernel_class(mlp_tasks, llvm_target, tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # the registry is listed too if set
     _record_database(tmp_path / "run", mlp_tasks, [llvm_target])
     assert main(["library", "ls", "--from", str(tmp_path / "run")]) == 0
     out = capsys.readouterr().out

@@ -27,6 +27,7 @@ Protocol (the parts live in bench/searchbench/):
     .venv/bin/python bench/search_efficiency.py [--budget 300] [--repeats 3] [--models ...]
     nohup .venv/bin/python bench/search_efficiency.py > /tmp/search_efficiency.log 2>&1 &
     .venv/bin/python bench/search_efficiency.py --render     # re-analyse the saved runs
+    .venv/bin/python bench/search_efficiency.py --kernels bert_block  # where the kernels differ
     .venv/bin/python bench/search_efficiency.py --sweep      # batch 8 / default / 64, 2 models
                                                              # (--sweep --render: its report)
 
@@ -79,6 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument(
         "--archive", type=Path, metavar="DIR",
         help="copy the finished runs (result, best record per workload) to DIR, for git",
+    )  # fmt: skip
+    mode.add_argument(
+        "--kernels", metavar="MODEL", choices=sorted(MODELS),
+        help="per task, every run's best kernel with its vector and parallel extents",
     )  # fmt: skip
     mode.add_argument(
         "--restore", type=Path, metavar="DIR",
@@ -160,6 +165,11 @@ def main(argv: list[str] | None = None) -> int:
             archive.archive(layout, args.archive)
         else:
             archive.restore(layout, args.restore)
+        return 0
+    if args.kernels:
+        from searchbench.kernels import table
+
+        print(table(layout, args.kernels))
         return 0
     if args.time:
         from searchbench.timing import time_model

@@ -112,7 +112,8 @@ def dask_run(work: Path, workers: int, repeat: int, trials: int) -> dict[str, An
 def cached(path: Path, make) -> dict[str, Any]:
     if path.is_file():
         return json.loads(path.read_text())
-    result = {**make(), "load_before": os.getloadavg()[0], "commit": commit()}
+    before = os.getloadavg()[0]
+    result = {**make(), "load_before": before, "commit": commit()}
     result["load_after"] = os.getloadavg()[0]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))

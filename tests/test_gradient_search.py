@@ -10,6 +10,19 @@ from gradtune.costmodel.train import Group, fit, group_metrics, summarize
 from gradtune.partition import partition
 
 
+@pytest.fixture(scope="module")
+def small_cnn_conv(llvm_target):
+    """The example CNN's largest convolution: a task with several modelled sketches."""
+    from gradtune.frontend import load_model
+    from gradtune.tvm_compat import register_tensor_intrinsics
+    from tests.conftest import EXAMPLES
+
+    register_tensor_intrinsics("llvm")
+    model = load_model(EXAMPLES / "small_cnn.py")
+    _, tasks = partition(model.mod, model.params, llvm_target)
+    return max(tasks, key=lambda t: t.flops)
+
+
 def test_felix_mlp_size_and_padding_are_exact():
     model = FelixMLP()
     assert 200_000 < sum(p.numel() for p in model.parameters()) < 300_000
@@ -97,23 +110,17 @@ def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, 
 
 
 def test_measured_programs_are_told_apart_by_sketch_and_the_fastest_seed_the_descent(
-    llvm_target,
+    llvm_target, small_cnn_conv
 ):
     """Two sketches of a conv share every sampling instruction and differ in where the output
     is written back: the same decisions are two programs, and a measured trace is matched to
     the sketch it came from, never to the first with the same sampling kinds."""
     from tvm.s_tir import meta_schedule as ms
 
-    from gradtune.frontend import load_model
     from gradtune.search import make_strategy
     from gradtune.search.gradient_search import GradientConfig
-    from gradtune.tvm_compat import register_tensor_intrinsics
-    from tests.conftest import EXAMPLES
 
-    register_tensor_intrinsics("llvm")
-    model = load_model(EXAMPLES / "small_cnn.py")
-    _, tasks = partition(model.mod, model.params, llvm_target)
-    conv = max(tasks, key=lambda t: t.flops)
+    conv = small_cnn_conv
     strategy = make_strategy(
         "gradient", config=GradientConfig(seeds=4, elite=0.5, per_seed_first=True)
     )
@@ -149,3 +156,45 @@ def test_measured_programs_are_told_apart_by_sketch_and_the_fastest_seed_the_des
     search.config = search.config._replace(warmup=2)
     assert len(search.generate_measure_candidates()) == 2
     assert len(search.generate_measure_candidates()) == 4
+
+
+def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
+    llvm_target, small_cnn_conv
+):
+    """``evolutionary_explore``: half of a batch of 8 from MetaSchedule's EvolutionarySearch on
+    the scheduler's XGBoost, none of it a program the descent picked; after the batch is
+    measured the explorer's programs count as measured and join the history the elites come
+    from, and the round says how many it chose."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search import make_strategy
+    from gradtune.search.gradient_search import GradientConfig
+    from gradtune.search.session import Session
+    from gradtune.symbolic.sketch import decision_key
+
+    conv = small_cnn_conv
+    config = GradientConfig(seeds=4, steps=4, explore=0.5, evolutionary_explore=True)
+    search = make_strategy("gradient", config=config)
+    session = Session()
+    search.attach(session)
+    context = ms.TuneContext(
+        mod=conv.mod, target=llvm_target, space_generator="post-order-apply",
+        search_strategy="replay-trace", task_name=conv.name, num_threads=2,
+    ).clone()  # fmt: skip
+    search._initialize_with_tune_context(context)
+    database = ms.database.MemoryDatabase()
+    search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
+    assert search.explorer is not None
+    candidates = search.generate_measure_candidates()
+    assert len(candidates) == 8 and search._explored == 4
+    descent = {(k, decision_key(d)) for k, d in search._pending[:4]}
+    explored = [(k, d) for k, d in search._pending[4:]]
+    mapped = [(k, decision_key(d)) for k, d in explored if d is not None]
+    assert mapped, "the explorer's programs are of the modelled sketches"
+    assert not set(mapped) & descent and len(set(mapped)) == len(mapped)
+    # Latencies as a runner reports them: the explorer's last program the fastest.
+    results = [ms.runner.RunnerResult(run_secs=[1e-3 * (9 - i)], error_msg=None) for i in range(8)]
+    search.notify_runner_results(candidates, results)
+    assert set(mapped) <= search.measured
+    assert min(search.history, key=lambda h: h[0])[2] == explored[-1][1]
+    assert session.take(conv.name).evolved == 4

@@ -72,6 +72,16 @@ class GradientConfig(NamedTuple):
     per_seed_first : bool, default False
         Fill the exploited part of a batch with each seed's best-scored candidate first, then
         by score: one trajectory's neighbouring iterates cannot take the whole batch.
+    evolutionary_explore : bool, default False
+        Fill the ``explore`` share with MetaSchedule's ``EvolutionarySearch`` instead of random
+        candidates below the cut. It scores with the XGBoost model MetaSchedule's task
+        scheduler already trains on every measured program, and its population starts from the
+        database's fastest programs, the descent's included. The descent's MLP is smooth in
+        each feature, and the features give two decisive loop choices only as magnitudes:
+        whether a vector extent fills whole registers, and whether a kernel of a few µs is
+        better on one thread (``bench/results/search_efficiency_kernels.md``). Trees split on
+        exact feature values, and mutations move one decision at a time, so the evolutionary
+        share can reach the programs the descent rounds past.
     warmup : int or None, default None
         Candidates in a task's first batch, when fewer than the task scheduler's batch.
         MetaSchedule's gradient task scheduler sends every task its first batch before it
@@ -90,6 +100,7 @@ class GradientConfig(NamedTuple):
     warm_elite: float = 0.5
     database_online: int = 32
     per_seed_first: bool = False
+    evolutionary_explore: bool = False
     warmup: int | None = None
 
 
@@ -129,15 +140,21 @@ class GradientSearch(ReportingStrategy):
         self.context: Any = None
         self.sketches: list[SymbolicSketch] = []
         self.fallback: Any = None
-        # Per modelled sketch: its instruction count and text without decisions.
+        self.explorer: Any = None  # EvolutionarySearch filling the explore share
+        # Per modelled sketch: its instruction count and text without decisions; and the text
+        # of its simplified trace (dead instructions and postprocessors dropped).
         self.signatures: list[tuple[int, str]] = []
+        self.simple_signatures: list[str] = []
         self.measured: set = set()  # (sketch index, decision key)
         self.history: list[tuple[float, int, dict]] = []  # (seconds, sketch index, decisions)
         self.remaining = 0
         self.per_iter = 0
         self.batches = 0  # handed to the builder by this task's strategy in this run
         self.rng = np.random.default_rng(0)
-        self._pending: list[tuple[int, dict]] = []
+        # Per candidate handed over: (sketch index, decisions), (-1, None) for an explorer's
+        # program no modelled sketch matches; the explorer's come last.
+        self._pending: list[tuple[int, dict | None]] = []
+        self._explored = 0
         self._last_search_s = 0.0
         self._last_descent_s = 0.0
         self._last_predicted = 0.0
@@ -163,7 +180,7 @@ class GradientSearch(ReportingStrategy):
         mod = self.context.mod
         postprocs = list(self.context.space_generator.postprocs)
         is_gpu = target_is_gpu(self.context.target)
-        self.sketches, self.signatures = [], []
+        self.sketches, self.signatures, self.simple_signatures = [], [], []
         for space in design_spaces:
             try:
                 sym = SymbolicSketch.build(
@@ -176,6 +193,7 @@ class GradientSearch(ReportingStrategy):
                 self.sketches.append(sym)
                 n = len(space.trace.insts)
                 self.signatures.append((n, trace_signature(space.trace, n)))
+                self.simple_signatures.append(simple_signature(space.trace))
         if database is not None:
             self._load_measured(database)
         if not self.sketches:
@@ -186,10 +204,19 @@ class GradientSearch(ReportingStrategy):
             self.fallback._initialize_with_tune_context(self.context)
             self.fallback.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database,
                                      cost_model)  # fmt: skip
+        elif self.config.evolutionary_explore and self._explore_count(self.per_iter) > 0:
+            self.explorer = ms.search_strategy.EvolutionarySearch()
+            self.explorer._initialize_with_tune_context(self.context)
+            self.explorer.pre_tuning(max_trials, self._explore_count(self.per_iter),
+                                     design_spaces, database, cost_model)  # fmt: skip
 
     def post_tuning(self) -> None:
-        if self.fallback is not None:
-            self.fallback.post_tuning()
+        for strategy in (self.fallback, self.explorer):
+            if strategy is not None:
+                strategy.post_tuning()
+
+    def _explore_count(self, count: int) -> int:
+        return int(round(self.config.explore * count))
 
     def generate_measure_candidates(self) -> list[Any] | None:
         if self.session.stop.stopped:
@@ -205,19 +232,40 @@ class GradientSearch(ReportingStrategy):
         count = self.session.allow(count)
         if count == 0:
             return None
-        picks = self._search(count)
-        self.session.refund(count - len(picks))
+        evolve = self._explore_count(count) if self.explorer is not None else 0
+        picks = self._search(count - evolve)
+        explored = self._evolve(evolve, {(k, decision_key(d)) for k, d, _ in picks})
+        self.session.refund(count - len(picks) - len(explored))
         self._last_search_s = time.perf_counter() - start
-        if not picks:
+        if not picks and not explored:
             return None
         args_info = ms.arg_info.ArgInfo.from_prim_func(self.context.mod["main"])
-        self._pending = [(k, d) for k, d, _ in picks]
-        self._pending_scores = [score for _, _, score in picks]
+        self._pending = [(k, d) for k, d, _ in picks] + [(k, d) for _, k, d in explored]
+        self._pending_scores = [score for _, _, score in picks] + [math.nan] * len(explored)
+        self._explored = len(explored)
         self._handed_over = time.perf_counter()
         self.batches += 1
         return [
             ms.MeasureCandidate(self.sketches[k].replay(d).schedule, args_info) for k, d, _ in picks
-        ]
+        ] + [candidate for candidate, _, _ in explored]
+
+    def _evolve(self, count: int, taken: set) -> list[tuple[Any, int, dict | None]]:
+        """Up to ``count`` of the explorer's candidates, each with its sketch and decisions
+        where a modelled sketch matches, none already measured or among ``taken``."""
+        if count <= 0:
+            return []
+        found = []
+        for candidate in self.explorer.generate_measure_candidates() or []:
+            k, decisions = self._sketch_of(candidate.sch.trace)
+            key = (k, decision_key(decisions)) if decisions is not None else None
+            if key is not None and (key in taken or key in self.measured):
+                continue
+            if key is not None:
+                taken.add(key)
+            found.append((candidate, k, decisions))
+            if len(found) == count:
+                break
+        return found
 
     def notify_runner_results(self, measure_candidates, results) -> None:
         if self.fallback is not None:
@@ -225,15 +273,21 @@ class GradientSearch(ReportingStrategy):
             return
         measure_s = time.perf_counter() - self._handed_over
         self.remaining -= len(measure_candidates)
+        if self._explored:
+            split = len(measure_candidates) - self._explored
+            self.explorer.notify_runner_results(measure_candidates[split:], results[split:])
         programs, latencies, predicted, measured = [], [], [], []
         for (k, decisions), score, result in zip(
             self._pending, self._pending_scores, results, strict=False
         ):
-            self.measured.add((k, decision_key(decisions)))
             secs = [float(s) for s in (result.run_secs or [])]
+            if decisions is None:  # an explorer's program outside the modelled sketches
+                continue
+            self.measured.add((k, decision_key(decisions)))
             if result.error_msg is None and secs:
-                predicted.append(score)
-                measured.append(float(np.median(secs)))
+                if math.isfinite(score):  # the explorer's picks were not scored by the MLP
+                    predicted.append(score)
+                    measured.append(float(np.median(secs)))
                 self.history.append((float(np.median(secs)), k, decisions))
                 feats = self.sketches[k].features_at(decisions, "smooth", refit=False)
                 if feats is not None and torch.isfinite(feats).all():
@@ -256,6 +310,7 @@ class GradientSearch(ReportingStrategy):
                 prediction_spearman=rho,
                 finetune_loss=loss,
                 dropped_seeds=self.summary.nan_seeds,
+                evolved=self._explored,
             ),
         )
 
@@ -299,6 +354,13 @@ class GradientSearch(ReportingStrategy):
             decisions = _decisions_of(sym, trace)
             if decisions is not None:
                 return k, decisions
+        # MetaSchedule's evolutionary search hands over simplified traces: compare those.
+        simple = simple_signature(trace)
+        for k, sym in enumerate(self.sketches):
+            if self.simple_signatures[k] == simple:
+                decisions = _decisions_of(sym, trace)
+                if decisions is not None:
+                    return k, decisions
         return -1, None
 
     def _seeds(self, k: int, sym: SymbolicSketch, randoms: int, elites: list[dict]) -> np.ndarray:
@@ -410,7 +472,8 @@ class GradientSearch(ReportingStrategy):
                     firsts.append(i)
             first = set(firsts)
             order = firsts + [i for i in order if i not in first]
-        explore = min(len(order), int(round(self.config.explore * count)))
+        # With an explorer the explore share is its candidates, already set aside.
+        explore = 0 if self.explorer is not None else min(len(order), self._explore_count(count))
         exploit = order[: count - explore]
         rest = order[count - explore :]
         chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit
@@ -425,6 +488,14 @@ def trace_signature(trace: Any, length: int) -> str:
     from tvm.s_tir.schedule import Trace
 
     return str(Trace(list(trace.insts[:length]), {}).as_python())
+
+
+def simple_signature(trace: Any) -> str:
+    """``trace`` simplified (instructions whose results go unused and the postprocessors'
+    dropped) as text without decisions: the same for a sketch and every program sampled from
+    it, however much of the sketch's bookkeeping a program's trace kept."""
+    simple = trace.simplified(remove_postproc=True)
+    return trace_signature(simple, len(simple.insts))
 
 
 def _decisions_of(sym: SymbolicSketch, trace: Any) -> dict | None:

@@ -43,6 +43,9 @@ class SearchRound:
         The cost model's ranking loss after fine-tuning on the batch (last epoch).
     dropped_seeds : int
         Seeds and picks dropped so far in the run for a NaN/inf gradient or score.
+    evolved : int, default 0
+        Candidates of the batch chosen by the evolutionary explorer
+        (``GradientConfig.evolutionary_explore``), not by the descent.
     """
 
     predicted_best: float
@@ -53,6 +56,7 @@ class SearchRound:
     prediction_spearman: float
     finetune_loss: float
     dropped_seeds: int
+    evolved: int = 0
 
 
 @dataclass

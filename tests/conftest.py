@@ -16,6 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
+BENCH = ROOT / "bench"
 
 os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
@@ -117,3 +118,11 @@ def _tracking_uri_stays_in_its_test():
         os.environ.pop("MLFLOW_TRACKING_URI", None)
     else:
         os.environ["MLFLOW_TRACKING_URI"] = before
+
+
+@pytest.fixture(scope="module")
+def bench_on_path():
+    """bench/'s packages (searchbench, transferbench) importable: they are not installed."""
+    sys.path.insert(0, str(BENCH))
+    yield
+    sys.path.remove(str(BENCH))

@@ -7,16 +7,9 @@ import sys
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import BENCH, ROOT
 
-BENCH = ROOT / "bench"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def bench_on_path():
-    sys.path.insert(0, str(BENCH))
-    yield
-    sys.path.remove(str(BENCH))
+pytestmark = pytest.mark.usefixtures("bench_on_path")
 
 
 def test_loop_extents_reads_the_vectorized_and_parallel_loops():

@@ -8,16 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT
+from tests.conftest import BENCH, ROOT
 
-BENCH = ROOT / "bench"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def bench_on_path():
-    sys.path.insert(0, str(BENCH))
-    yield
-    sys.path.remove(str(BENCH))
+pytestmark = pytest.mark.usefixtures("bench_on_path")
 
 
 def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:

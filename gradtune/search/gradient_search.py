@@ -232,9 +232,10 @@ class GradientSearch(ReportingStrategy):
         count = self.session.allow(count)
         if count == 0:
             return None
-        evolve = self._explore_count(count) if self.explorer is not None else 0
-        picks = self._search(count - evolve)
-        explored = self._evolve(evolve, {(k, decision_key(d)) for k, d, _ in picks})
+        # The explorer first: what it cannot fill (all it found was measured), the descent does.
+        explored = self._evolve(self._explore_count(count) if self.explorer is not None else 0)
+        taken = {(k, decision_key(d)) for _, k, d in explored if d is not None}
+        picks = self._search(count - len(explored), exclude=taken)
         self.session.refund(count - len(picks) - len(explored))
         self._last_search_s = time.perf_counter() - start
         if not picks and not explored:
@@ -249,12 +250,12 @@ class GradientSearch(ReportingStrategy):
             ms.MeasureCandidate(self.sketches[k].replay(d).schedule, args_info) for k, d, _ in picks
         ] + [candidate for candidate, _, _ in explored]
 
-    def _evolve(self, count: int, taken: set) -> list[tuple[Any, int, dict | None]]:
+    def _evolve(self, count: int) -> list[tuple[Any, int, dict | None]]:
         """Up to ``count`` of the explorer's candidates, each with its sketch and decisions
-        where a modelled sketch matches, none already measured or among ``taken``."""
+        where a modelled sketch matches, none already measured."""
         if count <= 0:
             return []
-        found = []
+        found, taken = [], set()
         for candidate in self.explorer.generate_measure_candidates() or []:
             k, decisions = self._sketch_of(candidate.sch.trace)
             key = (k, decision_key(decisions)) if decisions is not None else None
@@ -385,7 +386,8 @@ class GradientSearch(ReportingStrategy):
                 chosen.setdefault(k, []).append(decisions)
         return chosen
 
-    def _search(self, count: int) -> list[tuple[int, dict, float]]:
+    def _search(self, count: int, exclude: set | None = None) -> list[tuple[int, dict, float]]:
+        """The descent's ``count`` picks, none measured or in ``exclude`` (sketch, decision key)."""
         cfg = self.config
         model = self.cost_model.model
         start = time.perf_counter()
@@ -428,7 +430,8 @@ class GradientSearch(ReportingStrategy):
                     alive &= ~bad
                     x.grad[bad] = 0.0
                 optim.step()
-        fresh = [c for k, c in candidates.items() if k not in self.measured]
+        skip = self.measured | (exclude or set())
+        fresh = [c for k, c in candidates.items() if k not in skip]
         self._last_descent_s = time.perf_counter() - start
         return self._pick(fresh, count)
 

@@ -87,3 +87,20 @@ def test_decode_rejects_wrong_dimension(matmul_space):
     variables = SketchVariables.from_trace(sketches[0].trace)
     with pytest.raises(ValueError, match="variables"):
         variables.decode(mod, np.zeros(variables.dim + 1))
+
+
+def test_decoded_trace_marks_where_the_postprocessors_begin(matmul_space):
+    """MetaSchedule's evolutionary search replays the database's traces with
+    remove_postproc=True after mutating them; unmarked, the postprocessors' instructions would be
+    replayed as if they were the sketch's (and TVM aborts once a decision changes a loop count)."""
+    mod, sketches, postprocs = matmul_space
+    rng = np.random.default_rng(2)
+    for sketch in sketches:
+        variables = SketchVariables.from_trace(sketch.trace)
+        sch, _ = variables.decode(mod, variables.random_point(rng), postprocs)
+        kinds = [inst.kind.name for inst in sch.trace.insts]
+        assert kinds.count("EnterPostproc") == 1
+        assert kinds.index("EnterPostproc") >= len(sketch.trace.insts)
+        sketch_part = sch.trace.simplified(remove_postproc=True)
+        assert "EnterPostproc" not in [inst.kind.name for inst in sketch_part.insts]
+        assert len(sketch_part.insts) <= len(sketch.trace.insts)

@@ -249,6 +249,12 @@ class SketchVariables:
         sch = tvm.s_tir.Schedule(mod)
         trace.apply_to_schedule(sch, remove_postproc=False)
         applied = SketchVariables(sch.trace, self.tiles, self.categoricals).sketch_decisions()
+        if postprocs:
+            # As MetaSchedule marks it. Without the mark, a database trace replayed with
+            # remove_postproc=True (evolutionary search mutating its population, which starts
+            # from the database's best) replays the postprocessors' get_loops too, and TVM
+            # aborts when a mutated decision changed how many loops there are.
+            sch.enter_postproc()
         for postproc in postprocs or []:
             if not postproc.apply(sch):
                 return None, applied

@@ -1,6 +1,8 @@
 """The gradient search plugs into MetaSchedule's tuning loop like any strategy: it fills the
 JSONDatabase, resumes without measuring a schedule twice, and fine-tunes its cost model."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -205,3 +207,59 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     assert set(keys) <= search.measured
     assert min(search.history, key=lambda h: h[0])[2] == search._pending[fastest][1]
     assert session.take(conv.name).evolved == evolved
+
+
+def test_ensemble_ei_and_contextual_explore_choose_the_batch(llvm_target, small_cnn_conv):
+    """AdaTune on Felix: the descent climbs log EI of a four-member ensemble over the task's
+    best measured program, and the round's explore share is Eq. 3, clamped and logged. A member
+    gone wild (NaN) is left out and counted, and no pick carries a NaN."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.costmodel.ensemble import Scale
+    from gradtune.costmodel.model import load
+    from gradtune.costmodel.online import OnlineCostModel, bundled_path
+    from gradtune.search import make_strategy
+    from gradtune.search.gradient_search import GradientConfig
+    from gradtune.search.session import Session
+
+    members = [load(bundled_path()) for _ in range(4)]
+    for k, member in enumerate(members[1:], start=1):  # apart as independently seeded members
+        generator = torch.Generator().manual_seed(k)
+        with torch.no_grad():
+            for p in member.parameters():
+                p.add_(0.1 * p.abs().mean() * torch.randn(p.shape, generator=generator))
+    cost_model = OnlineCostModel(members[0], members=members, epochs=1)
+    config = GradientConfig(seeds=4, steps=4, acquisition="ei", contextual_explore=True)
+    search = make_strategy("gradient", cost_model=cost_model, config=config)
+    session = Session()
+    search.attach(session)
+    conv = small_cnn_conv
+    context = ms.TuneContext(
+        mod=conv.mod, target=llvm_target, space_generator="post-order-apply",
+        search_strategy="replay-trace", task_name=conv.name, num_threads=2,
+    ).clone()  # fmt: skip
+    search._initialize_with_tune_context(context)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase())
+    candidates = search.generate_measure_candidates()
+    assert len(candidates) == 8
+    assert 0.05 <= search._explore_share <= 0.5 and search._mean_sigma > 0
+    assert all(math.isfinite(s) for s in search._pending_scores)
+    results = [ms.runner.RunnerResult(run_secs=[1e-3 * (1 + i)], error_msg=None) for i in range(8)]
+    search.notify_runner_results(candidates, results)
+    logged = session.take(conv.name)
+    assert logged.explore_share == search._explore_share and logged.mean_sigma > 0
+    # The next round's incumbent is the ensemble's μ at the fastest measured program.
+    search.generate_measure_candidates()
+    best = search._best_measured()
+    with torch.no_grad():
+        mu, _, _ = search._scale.mu_sigma(cost_model.member_scores([best]))
+    assert search._incumbent == pytest.approx(float(mu[0]))
+    assert search.history and best is not None
+    with torch.no_grad():
+        members[3].head.bias.fill_(math.nan)
+    assert search.generate_measure_candidates()
+    assert search._dropped_members > 0 and search.summary.dropped_members > 0
+    assert all(math.isfinite(s) for s in search._pending_scores)
+    assert isinstance(search._scale, Scale)
+    with pytest.raises(ValueError, match="ensemble"):
+        make_strategy("gradient", config=GradientConfig(acquisition="ei"))

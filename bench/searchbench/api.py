@@ -84,20 +84,42 @@ def pretrain_leaving_out(
     return info
 
 
+def pretrain_ensemble_leaving_out(
+    groups: list[Any], excluded: set[str], params: dict[str, Any], first: Path, path: Path,
+    members: int,
+) -> dict[str, Any]:  # fmt: skip
+    """A deep ensemble of ``members``: the leave-out model at ``first`` (seed ``params.seed``)
+    and ``members - 1`` more trained on the same groups with the next seeds; saved to ``path``."""
+    from gradtune.costmodel import ensemble
+    from gradtune.costmodel.model import load
+
+    kept = [g for g in groups if g.name not in excluded]
+    others, losses = ensemble.pretrain_members(
+        kept, members - 1, params["loss"], int(params["epochs"]), float(params["lr"]),
+        int(params["seed"]) + 1,
+    )  # fmt: skip
+    ensemble.save_members([load(first), *others], path)
+    return {"members": members, "final_losses_of_added": [round(x, 5) for x in losses]}
+
+
 def make_searcher(
     name: str, target_kind: str, weights: Path | None, gradient: dict[str, Any] | None = None
 ) -> Any:
     """The strategy ``--search NAME`` gives, the gradient search's cost model loaded from
-    ``weights`` (the leave-this-model-out copy) and its ``GradientConfig`` from ``gradient``
-    (an ablation; None for the defaults)."""
+    ``weights`` (the leave-this-model-out copy, a deep ensemble's when the configuration
+    needs one) and its ``GradientConfig`` from ``gradient`` (an ablation; None for the
+    defaults)."""
     from gradtune.search import make_strategy
 
     if name == "gradient":
         from gradtune.costmodel.online import OnlineCostModel
         from gradtune.search.gradient_search import GradientConfig
 
-        cost_model = OnlineCostModel.default(target_kind, path=weights)
         config = GradientConfig(**(gradient or {}))
+        if config.needs_ensemble:
+            cost_model = OnlineCostModel.ensemble(target_kind, path=weights)
+        else:
+            cost_model = OnlineCostModel.default(target_kind, path=weights)
         return make_strategy("gradient", target_kind, cost_model=cost_model, config=config)
     return make_strategy(name, target_kind)
 

@@ -4,6 +4,7 @@ Everything lives under one work dir (default ``bench/work/``, git-ignored), runs
 budget they were tuned with so that different budgets never mix::
 
     work/costmodels/<hash>.pt              leave-out pretrained weights, per excluded set
+    work/costmodels/<hash>-ensemble<K>.pt  and their deep ensemble (configurations that use one)
     work/models/<name>.onnx                ONNX exports of the ONNX benchmark models
     work/<budget>s/prepared/<model>.json   tasks, task hashes, leakage counts, weights path
     work/<budget>s/runs/<model>/<run id>/  one run: db/ (JSONDatabase), result.json, .so files
@@ -87,8 +88,20 @@ class Layout:
         literals: ``0.5``, ``32``, ``True``)."""
         import ast
 
+        def value(text: str) -> Any:
+            try:
+                return ast.literal_eval(text)
+            except (ValueError, SyntaxError):  # a bare word: acquisition=ei
+                return text
+
         pairs = [item.split("=", 1) for item in self.gradient_config.split(",") if item]
-        return {key.strip(): ast.literal_eval(value.strip()) for key, value in pairs}
+        return {key.strip(): value(text.strip()) for key, text in pairs}
+
+    def needs_ensemble(self) -> bool:
+        """Whether the configuration's gradient search scores with a deep ensemble."""
+        from gradtune.search.gradient_search import GradientConfig
+
+        return GradientConfig(**self.gradient_kwargs()).needs_ensemble
 
     @property
     def costmodels(self) -> Path:

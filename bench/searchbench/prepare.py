@@ -7,7 +7,9 @@ model's own tasks (a held-out model can share a kernel shape with the zoo by cha
 overlap that remains must be 0; it is asserted and recorded.
 
 Everything else is the ``pretrain`` stage's (params.yaml: loss, epochs, lr, seed, features).
-Weights are cached per excluded set, so models that exclude the same workloads share them.
+Weights are cached per excluded set, so models that exclude the same workloads share them. A
+configuration that scores with a deep ensemble gets one too: the leave-out model and more
+members trained on the same data with the next seeds.
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ import yaml
 from searchbench import api
 from searchbench.layout import Layout, write_json
 from searchbench.models import ROOT, BenchModel
+
+MEMBERS = 4  # of a deep ensemble (GradientConfig acquisition="ei" or contextual_explore)
 
 
 def pretrain_params() -> dict[str, Any]:
@@ -85,6 +89,11 @@ def prepare(model: BenchModel, layout: Layout) -> dict[str, Any]:
     groups = api.training_groups(features)
     in_training = leaked(groups, keys)
     weights, info = cached_weights(layout, groups, excluded, params, features)
+    ensemble = None
+    if layout.needs_ensemble():
+        ensemble = weights.with_name(f"{weights.stem}-ensemble{MEMBERS}.pt")
+        if not ensemble.is_file():
+            api.pretrain_ensemble_leaving_out(groups, excluded, params, weights, ensemble, MEMBERS)
     remaining = [g for g in groups if g.name not in excluded]
     overlap = leaked(remaining, excluded)
     assert overlap == 0, f"{model.name}: {overlap} of its workloads are still in the training set"
@@ -105,6 +114,7 @@ def prepare(model: BenchModel, layout: Layout) -> dict[str, Any]:
         "task_hashes_in_training_before": in_training,
         "leaked_workloads": overlap,
         "weights": str(weights),
+        "ensemble": str(ensemble) if ensemble else None,
         "pretraining": info,
     }
     print(

@@ -151,7 +151,9 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
     imported = api.import_model(MODELS[spec.model].tuning_file(layout.work))
     fused, tasks = api.partition_model(imported, target)
     per_round = spec.per_round or api.default_trials_per_round(len(tasks))
-    weights = Path(prepared["weights"]) if spec.searcher == "gradient" else None
+    weights = None
+    if spec.searcher == "gradient":
+        weights = Path(prepared["ensemble"] if layout.needs_ensemble() else prepared["weights"])
     with api.local_fleet() as tracker:
         tuned = tune_until_deadline(
             spec, tasks, target, tracker, layout.budget, run_dir, weights,

@@ -12,7 +12,9 @@ exploits the model's errors, and measuring its favourites corrects them.
 It is a MetaSchedule ``PyCostModel``, so any strategy can use it: ``update`` and ``predict``
 featurize candidates from their schedules through the symbolic layer. The gradient search
 already holds each candidate's smooth symbolic features, so it calls ``observe`` with them and
-scores through ``model`` directly, differentiably.
+scores through ``model`` directly, differentiably. Given ``members`` (a deep ensemble,
+``costmodel.ensemble``), every member is fine-tuned the same way, and ``member_scores`` gives
+all of their scores for the gradient search's acquisition.
 """
 
 from __future__ import annotations
@@ -88,6 +90,9 @@ class OnlineCostModel(ms.cost_model.PyCostModel):
     lr : float, default 3e-4
         Adam's fine-tuning learning rate; lower than pretraining's 7e-4 (``train.fit``), as
         fine-tuning starts from trained weights.
+    members : list of FelixMLP or None, default None
+        A deep ensemble whose first member is ``model`` (``costmodel.ensemble``); None for the
+        single model. Each member fine-tunes with its own seed, so they stay apart.
     """
 
     def __init__(
@@ -96,8 +101,12 @@ class OnlineCostModel(ms.cost_model.PyCostModel):
         source: str = "random init",
         epochs: int = 4,
         lr: float = 3e-4,
+        members: list[mlp.FelixMLP] | None = None,
     ) -> None:
+        if members is not None and (len(members) < 2 or members[0] is not model):
+            raise ValueError("an ensemble has two or more members, the first being ``model``")
         self.model = model
+        self.members = members if members is not None else [model]
         self.source = source
         self.epochs = epochs
         self.lr = lr
@@ -117,12 +126,35 @@ class OnlineCostModel(ms.cost_model.PyCostModel):
         model, source = load_pretrained(target_kind, path, tracking_uri)
         return cls(model=model, source=source, **hyperparameters)
 
+    @classmethod
+    def ensemble(
+        cls, target_kind: str = "llvm", path: str | Path | None = None, **hyperparameters: Any
+    ) -> OnlineCostModel:
+        """The deep ensemble at ``path`` (default: the one bundled for ``target_kind``)."""
+        from gradtune.costmodel import ensemble
+        from gradtune.errors import GradtuneError
+
+        path = Path(path) if path is not None else ensemble.bundled_path(target_kind)
+        if not path.is_file():
+            raise GradtuneError(
+                f"no cost-model ensemble at {path}: pretrain one with "
+                "`python -m costmodel_training.pretrain --ensemble`"
+            )
+        members = ensemble.load_members(path)
+        return cls(model=members[0], source=str(path), members=members, **hyperparameters)
+
+    def member_scores(self, programs: list[torch.Tensor]) -> torch.Tensor:
+        """Every member's raw score of ``programs``, (members, programs); differentiable."""
+        from gradtune.costmodel.ensemble import member_scores
+
+        return member_scores(self.members, programs)
+
     def observe(self, task: str, programs: list[torch.Tensor], latencies: list[float]) -> float:
         """Add a task's measurements (features, seconds) and fine-tune; the last epoch's loss."""
         if programs:
             seen = self.data.setdefault(task, ([], []))
             seen[0].extend(programs)
-            seen[1].extend(latencies)
+            seen[1].extend(float(x) for x in latencies)  # numpy floats do not load back
         groups = [
             Group(name, name, p, np.asarray(lat))
             for name, (p, lat) in self.data.items()
@@ -130,9 +162,13 @@ class OnlineCostModel(ms.cost_model.PyCostModel):
         ]
         if not groups:
             return float("nan")
-        history = fit(self.model, groups, loss="rank", epochs=self.epochs, lr=self.lr)
-        self.losses.append(history[-1])
-        return history[-1]
+        finals = [
+            fit(member, groups, loss="rank", epochs=self.epochs, lr=self.lr, seed=k)[-1]
+            for k, member in enumerate(self.members)
+        ]
+        loss = float(np.mean(finals))
+        self.losses.append(loss)
+        return loss
 
     # -- MetaSchedule interface ---------------------------------------------------------------
     def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
@@ -154,7 +190,9 @@ class OnlineCostModel(ms.cost_model.PyCostModel):
 
         MetaSchedule samples parents in proportion to the scores (negatives clipped to 0) and
         keeps the best across generations by comparing them, so the network's score (any sign)
-        goes through softplus: positive, and in the same order from one call to the next.
+        goes through softplus: positive, and in the same order from one call to the next. An
+        ensemble scores by its members' mean raw score (members whose score is not finite left
+        out): a per-call standardization would break that order between calls.
         """
         is_gpu = target_is_gpu(context.target)
         scores = np.zeros(len(candidates), dtype="float64")
@@ -162,16 +200,20 @@ class OnlineCostModel(ms.cost_model.PyCostModel):
         known = [i for i, f in enumerate(features) if f is not None]
         if known:
             with torch.no_grad():
-                raw = self.model.score([features[i] for i in known]).to(torch.float64)
+                every = self.member_scores([features[i] for i in known]).to(torch.float64)
+                finite = torch.isfinite(every)
+                raw = torch.where(finite, every, 0.0).sum(0) / finite.sum(0)
                 raw = torch.nn.functional.softplus(raw).numpy()
             scores[known] = np.where(np.isfinite(raw), raw, 0.0)
         return scores
 
     def save(self, path: str) -> None:
-        """Weights (in the format ``model.load`` reads) plus the session's measurements."""
+        """Weights (in the format ``model.load`` reads; an ensemble's other members beside
+        them) plus the session's measurements."""
         torch.save(
             {
                 "state_dict": self.model.state_dict(),
+                "others": [m.state_dict() for m in self.members[1:]],
                 "input_dim": FEATURES,
                 "source": self.source,
                 "data": {task: (list(p), list(lat)) for task, (p, lat) in self.data.items()},
@@ -183,6 +225,12 @@ class OnlineCostModel(ms.cost_model.PyCostModel):
         """Weights and, when ``save`` wrote them, measurements; the hyper-parameters stay."""
         blob = torch.load(path, map_location="cpu", weights_only=True)
         self.model = mlp.load(path)
+        self.members = [self.model]
+        for state in blob.get("others", []):
+            member = mlp.FelixMLP(blob["input_dim"])
+            member.load_state_dict(state)
+            member.eval()
+            self.members.append(member)
         self.source = str(blob.get("source", path))
         self.data = {task: (list(p), list(lat)) for task, (p, lat) in blob.get("data", {}).items()}
 

@@ -22,8 +22,10 @@ import torch
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from gradtune.costmodel.ensemble import Scale
 from gradtune.costmodel.online import OnlineCostModel
 from gradtune.costmodel.train import spearman
+from gradtune.search.acquisition import contextual_epsilon, log_expected_improvement
 from gradtune.search.session import ReportingStrategy, RunSummary, SearchRound, Session
 from gradtune.symbolic.sketch import SymbolicSketch, decision_key
 from gradtune.symbolic.variables import sampling_insts_of
@@ -82,6 +84,18 @@ class GradientConfig(NamedTuple):
         better on one thread (``bench/results/search_efficiency_kernels.md``). Trees split on
         exact feature values, and mutations move one decision at a time, so the evolutionary
         share can reach the programs the descent rounds past.
+    acquisition : {"score", "ei"}, default "score"
+        What the descent climbs and the picks are ranked by. ``score`` is Felix's: the MLP's
+        score. ``ei`` is AdaTune's: the expected improvement of the ensemble's standardized
+        mean and spread over the task's best measured program (``search.acquisition``; needs
+        an ensemble cost model, ``OnlineCostModel.ensemble``).
+    contextual_explore : bool, default False
+        Replace the fixed ``explore`` share by AdaTune's contextual ε (Eq. 3) computed each
+        round from the ensemble over random programs, clamped to ``explore_bounds``; logged
+        per round as ``SearchRound.explore_share``. Needs an ensemble cost model.
+    explore_bounds : tuple of float, default (0.05, 0.5)
+        The clamp of the contextual ε: never fewer than 1 in 20 candidates explored (a
+        confident model can still be wrong), never more than half of a batch.
     warmup : int or None, default None
         Candidates in a task's first batch, when fewer than the task scheduler's batch.
         MetaSchedule's gradient task scheduler sends every task its first batch before it
@@ -101,7 +115,14 @@ class GradientConfig(NamedTuple):
     database_online: int = 32
     per_seed_first: bool = False
     evolutionary_explore: bool = False
+    acquisition: str = "score"
+    contextual_explore: bool = False
+    explore_bounds: tuple[float, float] = (0.05, 0.5)
     warmup: int | None = None
+
+    @property
+    def needs_ensemble(self) -> bool:
+        return self.acquisition == "ei" or self.contextual_explore
 
 
 @derived_object
@@ -136,6 +157,15 @@ class GradientSearch(ReportingStrategy):
     ) -> None:
         self.cost_model = cost_model if cost_model is not None else OnlineCostModel.default()
         self.config = config or GradientConfig()
+        if self.config.acquisition not in ("score", "ei"):
+            raise ValueError(
+                f"acquisition must be 'score' or 'ei', not {self.config.acquisition!r}"
+            )
+        if self.config.needs_ensemble and len(self.cost_model.members) < 2:
+            raise ValueError(
+                "acquisition='ei' and contextual_explore need an ensemble cost model "
+                "(OnlineCostModel.ensemble)"
+            )
         self.attach(session if session is not None else Session())
         self.context: Any = None
         self.sketches: list[SymbolicSketch] = []
@@ -160,6 +190,14 @@ class GradientSearch(ReportingStrategy):
         self._last_predicted = 0.0
         self._pending_scores: list[float] = []
         self._handed_over = 0.0
+        # The round's acquisition context (``_calibrate``): the members' scale over random
+        # programs, the incumbent's μ, the explore share, and the members dropped for a
+        # non-finite score.
+        self._scale: Any = None
+        self._incumbent = 0.0
+        self._explore_share = self.config.explore
+        self._mean_sigma = math.nan
+        self._dropped_members = 0
 
     def attach(self, session: Session) -> None:
         """Share ``session``; the first clone to see it starts the run's ``RunSummary``."""
@@ -204,19 +242,23 @@ class GradientSearch(ReportingStrategy):
             self.fallback._initialize_with_tune_context(self.context)
             self.fallback.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database,
                                      cost_model)  # fmt: skip
-        elif self.config.evolutionary_explore and self._explore_count(self.per_iter) > 0:
-            self.explorer = ms.search_strategy.EvolutionarySearch()
-            self.explorer._initialize_with_tune_context(self.context)
-            self.explorer.pre_tuning(max_trials, self._explore_count(self.per_iter),
-                                     design_spaces, database, cost_model)  # fmt: skip
+        elif self.config.evolutionary_explore:
+            # Sized for the largest share a round may ask of it.
+            share = self.config.explore_bounds[1] if self.config.contextual_explore else None
+            size = self._explore_count(self.per_iter, share)
+            if size > 0:
+                self.explorer = ms.search_strategy.EvolutionarySearch()
+                self.explorer._initialize_with_tune_context(self.context)
+                self.explorer.pre_tuning(max_trials, size, design_spaces, database,
+                                         cost_model)  # fmt: skip
 
     def post_tuning(self) -> None:
         for strategy in (self.fallback, self.explorer):
             if strategy is not None:
                 strategy.post_tuning()
 
-    def _explore_count(self, count: int) -> int:
-        return int(round(self.config.explore * count))
+    def _explore_count(self, count: int, share: float | None = None) -> int:
+        return int(round((self._explore_share if share is None else share) * count))
 
     def generate_measure_candidates(self) -> list[Any] | None:
         if self.session.stop.stopped:
@@ -232,6 +274,9 @@ class GradientSearch(ReportingStrategy):
         count = self.session.allow(count)
         if count == 0:
             return None
+        self._dropped_members = 0
+        if self.config.needs_ensemble:
+            self._calibrate()
         # The explorer first: what it cannot fill (all it found was measured), the descent does.
         explored = self._evolve(self._explore_count(count) if self.explorer is not None else 0)
         taken = {(k, decision_key(d)) for _, k, d in explored if d is not None}
@@ -312,6 +357,9 @@ class GradientSearch(ReportingStrategy):
                 finetune_loss=loss,
                 dropped_seeds=self.summary.nan_seeds,
                 evolved=self._explored,
+                explore_share=self._explore_share,
+                mean_sigma=self._mean_sigma,
+                dropped_members=self._dropped_members,
             ),
         )
 
@@ -389,7 +437,6 @@ class GradientSearch(ReportingStrategy):
     def _search(self, count: int, exclude: set | None = None) -> list[tuple[int, dict, float]]:
         """The descent's ``count`` picks, none measured or in ``exclude`` (sketch, decision key)."""
         cfg = self.config
-        model = self.cost_model.model
         start = time.perf_counter()
         # (sketch index, decision key) → (sketch index, decisions, seed id): the same decisions
         # in two sketches are two different programs.
@@ -420,7 +467,7 @@ class GradientSearch(ReportingStrategy):
                 valid = [i for i, f in enumerate(feats) if f is not None and alive[i]]
                 if not valid:
                     break
-                scores = model.score([feats[i] for i in valid])
+                scores = self._acquire([feats[i] for i in valid])
                 objective = -scores.sum() + cfg.penalty_weight * sym.penalties(x)[valid].sum()
                 optim.zero_grad()
                 objective.backward()
@@ -457,7 +504,7 @@ class GradientSearch(ReportingStrategy):
         if not scored:
             return []
         with torch.no_grad():
-            scores = self.cost_model.model.score([f for _, _, f, _ in scored]).numpy()
+            scores = self._acquire([f for _, _, f, _ in scored]).numpy()
         finite = np.isfinite(scores)
         if not finite.all():
             # A prediction that is NaN/inf says nothing: drop it (counted), keep the rest.
@@ -482,6 +529,60 @@ class GradientSearch(ReportingStrategy):
         chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit
         self._last_predicted = float(scores.max())
         return [(scored[i][0], scored[i][1], float(scores[i])) for i in chosen]
+
+    # -- AdaTune's acquisition (acquisition="ei", contextual_explore) ---------------------------
+    def _acquire(self, programs: list[torch.Tensor]) -> torch.Tensor:
+        """What the descent climbs and the picks are ranked by: the MLP's score, or log EI of
+        the ensemble over the incumbent; differentiable, NaN where nothing finite is known."""
+        if self._scale is None:
+            return self.cost_model.model.score(programs)
+        mu, sigma, dropped = self._scale.mu_sigma(self.cost_model.member_scores(programs))
+        self._dropped_members += dropped
+        self.summary.dropped_members += dropped
+        return log_expected_improvement(mu, sigma, self._incumbent)
+
+    def _calibrate(self, samples: int = 64) -> None:
+        """The round's scale, incumbent and explore share, from the ensemble's scores of
+        ``samples`` random programs spread over the modelled sketches (AdaTune draws its ε
+        from random points too)."""
+        per_sketch = max(2, math.ceil(samples / len(self.sketches)))
+        programs = []
+        for sym in self.sketches:
+            points = np.stack([sym.variables.random_point(self.rng) for _ in range(per_sketch)])
+            with torch.no_grad():
+                feats = sym.features(torch.tensor(points), "smooth", refit=False)
+            programs += [
+                f.to(torch.float32) for f in feats if f is not None and torch.isfinite(f).all()
+            ]
+        if len(programs) < 2:  # nothing to standardize on: this round scores as Felix does
+            self._scale = None
+            return
+        with torch.no_grad():
+            raw = self.cost_model.member_scores(programs)
+            scale = Scale.fit(raw)
+            mu, sigma, _ = scale.mu_sigma(raw)
+        self._scale = scale
+        self._mean_sigma = float(sigma[torch.isfinite(sigma)].mean())
+        best = self._best_measured()
+        if best is not None:
+            with torch.no_grad():
+                incumbent, _, _ = scale.mu_sigma(self.cost_model.member_scores([best]))
+            self._incumbent = float(incumbent[0])
+        if best is None or not math.isfinite(self._incumbent):
+            finite = mu[torch.isfinite(mu)]
+            self._incumbent = float(finite.max()) if len(finite) else 0.0
+        if self.config.acquisition != "ei":
+            self._scale = None  # the ensemble set the explore share; the score still descends
+        if self.config.contextual_explore:
+            self._explore_share = contextual_epsilon(mu, sigma, self.config.explore_bounds)
+
+    def _best_measured(self) -> torch.Tensor | None:
+        """Features of the task's fastest measured program the symbolic layer models."""
+        for _, k, decisions in sorted(self.history, key=lambda h: h[0]):
+            feats = self.sketches[k].features_at(decisions, "smooth", refit=False)
+            if feats is not None and torch.isfinite(feats).all():
+                return feats.detach().to(torch.float32)
+        return None
 
 
 def trace_signature(trace: Any, length: int) -> str:

@@ -12,6 +12,7 @@ run's ``RunSummary`` and ``StopSignal`` live there too. Every strategy gradtune 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,14 @@ class SearchRound:
     evolved : int, default 0
         Candidates of the batch chosen by the evolutionary explorer
         (``GradientConfig.evolutionary_explore``), not by the descent.
+    explore_share : float, default NaN
+        The share of the batch explored: ``GradientConfig.explore``, or AdaTune's contextual ε
+        of this round (``contextual_explore``).
+    mean_sigma : float, default NaN
+        The ensemble's mean spread over the round's random programs, standardized (NaN
+        without an ensemble acquisition).
+    dropped_members : int, default 0
+        Member scores left out of this round's μ and σ for being NaN or inf.
     """
 
     predicted_best: float
@@ -57,6 +66,9 @@ class SearchRound:
     finetune_loss: float
     dropped_seeds: int
     evolved: int = 0
+    explore_share: float = math.nan
+    mean_sigma: float = math.nan
+    dropped_members: int = 0
 
 
 @dataclass
@@ -109,11 +121,14 @@ class RunSummary:
         Tasks none of whose sketches the symbolic layer models, searched evolutionarily.
     nan_seeds : int, default 0
         Seeds and picks dropped for a NaN/inf gradient or score.
+    dropped_members : int, default 0
+        Ensemble member scores left out of μ and σ for being NaN or inf.
     """
 
     cost_model: str
     fallback_tasks: list[str] = field(default_factory=list)
     nan_seeds: int = 0
+    dropped_members: int = 0
 
 
 @dataclass

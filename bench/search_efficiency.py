@@ -75,6 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="an ablation: the gradient search with these GradientConfig fields (its runs and "
         "results files are kept apart from the default configuration's)",
     )  # fmt: skip
+    parser.add_argument(
+        "--measure", default="fixed", choices=["fixed", "adaptive"],
+        help="how candidates are timed (gradtune tune --measure); adaptive runs live apart",
+    )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render", action="store_true", help="only re-analyse saved results")
     mode.add_argument(
@@ -151,7 +155,7 @@ def prepare_child(args: argparse.Namespace, layout: Layout) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    layout = Layout(args.work.resolve(), args.budget, args.gradient_config)
+    layout = Layout(args.work.resolve(), args.budget, args.gradient_config, args.measure)
     # A child asked to stop by SIGTERM stops as on Ctrl-C: between batches, fleet shut down.
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     if args.one:
@@ -179,6 +183,8 @@ def main(argv: list[str] | None = None) -> int:
     specs, stem = specs_of(args)
     if args.gradient_config:
         stem += "_" + args.gradient_config.replace("=", "").replace(",", "_")
+    if args.measure != "fixed":
+        stem += f"_{args.measure}"
     if not args.render:
         completed = driver.run_all(layout, specs, lambda: render(layout, specs, args.out, stem))
     rendered = render(layout, specs, args.out, stem)

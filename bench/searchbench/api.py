@@ -144,15 +144,18 @@ def tune(
     trials_per_round: int | None,
     on_round: Callable[[Any], None],
     warm_start: Callable[[Any, Any, Any, int], int] | None = None,
+    measure: str = "fixed",
 ) -> Any:
-    """``gradtune tune --time-budget BUDGET --trials 5000 --seed SEED`` on ``tasks``;
-    ``warm_start`` is what ``--warm-start`` adds (``strategy`` None: ``gradtune transfer``)."""
+    """``gradtune tune --time-budget BUDGET --trials 5000 --seed SEED --measure MEASURE`` on
+    ``tasks``; ``warm_start`` is what ``--warm-start`` adds (``strategy`` None: ``gradtune
+    transfer``)."""
+    from gradtune.measure.runner import MeasureSettings
     from gradtune.tune import tune as gradtune_tune
 
     return gradtune_tune(
         tasks, target, work_dir, tracker, max_trials=CLI_TRIALS, time_budget=budget,
         search=strategy, trials_per_round=trials_per_round, seed=seed, on_round=on_round,
-        warm_start=warm_start,
+        warm_start=warm_start, measure=MeasureSettings(mode=measure),
     )  # fmt: skip
 
 

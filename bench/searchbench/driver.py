@@ -133,8 +133,7 @@ def clean_half_finished(layout: Layout, spec: RunSpec) -> None:
 
 
 def common_args(layout: Layout) -> list[str]:
-    config = ["--gradient-config", layout.gradient_config] if layout.gradient_config else []
-    return ["--budget", f"{layout.budget:g}", "--work", str(layout.work), *config]
+    return layout.child_args()
 
 
 def ensure_features(children: Children, layout: Layout) -> None:

@@ -72,16 +72,27 @@ class Layout:
     gradient_config : str, default ""
         An ablation of the gradient search (``GradientConfig`` fields, ``elite=0.5,steps=32``);
         its runs live apart from the default configuration's (``<budget>s-<config>``).
+    measure : {"fixed", "adaptive"}, default "fixed"
+        How candidates are timed (``gradtune tune --measure``); adaptive runs live apart too.
     """
 
     work: Path
     budget: float
     gradient_config: str = ""
+    measure: str = "fixed"
 
     @property
     def root(self) -> Path:
         suffix = f"-{self.gradient_config}" if self.gradient_config else ""
+        if self.measure != "fixed":
+            suffix += f"-{self.measure}"
         return self.work / f"{self.budget:g}s{suffix}"
+
+    def child_args(self) -> list[str]:
+        """The arguments that give a child process this layout."""
+        config = ["--gradient-config", self.gradient_config] if self.gradient_config else []
+        measure = ["--measure", self.measure] if self.measure != "fixed" else []
+        return ["--budget", f"{self.budget:g}", "--work", str(self.work), *config, *measure]
 
     def gradient_kwargs(self) -> dict[str, Any]:
         """``GradientConfig`` keyword arguments of ``gradient_config`` (values as Python

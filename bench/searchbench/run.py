@@ -38,7 +38,7 @@ RECORD_FILE = "database_tuning_record.json"
 def tune_until_deadline(
     spec: RunSpec, tasks: list[Any], target: Any, tracker: Any, budget: float, run_dir: Path,
     weights: Path | None, gradient: dict[str, Any] | None = None,
-    warm_start: Any = None, search: bool = True,
+    warm_start: Any = None, search: bool = True, measure: str = "fixed",
 ) -> dict[str, Any]:  # fmt: skip
     """Tune; returns the rounds (wall-clock stamped), wall time and the searcher's summary.
 
@@ -66,6 +66,7 @@ def tune_until_deadline(
         result = api.tune(
             tasks, target, run_dir / DB, tracker, budget, strategy, seed=spec.repeat,
             trials_per_round=spec.per_round, on_round=on_round, warm_start=warm_start,
+            measure=measure,
         )  # fmt: skip
     finally:
         if timer is not None:
@@ -77,6 +78,11 @@ def tune_until_deadline(
         "overrun_pct": round(100 * (wall - budget) / budget, 2),
         "trials_total": result.trials,
         "search_summary": api.search_summary(result),
+        "measure": measure,
+        # Device time spent timing candidates, and kernel executions (``MeasureCost``).
+        "measure_seconds": round(result.measure_cost.seconds, 3),
+        "kernel_runs": result.measure_cost.kernel_runs,
+        "measured_candidates": result.measure_cost.candidates,
     }
 
 
@@ -158,6 +164,7 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
         tuned = tune_until_deadline(
             spec, tasks, target, tracker, layout.budget, run_dir, weights,
             layout.gradient_kwargs() if spec.searcher == "gradient" else None,
+            measure=layout.measure,
         )  # fmt: skip
     load_after = os.getloadavg()
     records = record_count(run_dir)

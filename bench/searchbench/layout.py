@@ -114,6 +114,10 @@ class Layout:
 
         return GradientConfig(**self.gradient_kwargs()).needs_ensemble
 
+    def prepares_ensemble(self) -> bool:
+        """Whether preparing a model pretrains its leave-out ensemble too."""
+        return self.needs_ensemble()
+
     @property
     def costmodels(self) -> Path:
         return self.work / "costmodels"

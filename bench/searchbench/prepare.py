@@ -90,7 +90,7 @@ def prepare(model: BenchModel, layout: Layout) -> dict[str, Any]:
     in_training = leaked(groups, keys)
     weights, info = cached_weights(layout, groups, excluded, params, features)
     ensemble = None
-    if layout.needs_ensemble():
+    if layout.prepares_ensemble():
         ensemble = weights.with_name(f"{weights.stem}-ensemble{MEMBERS}.pt")
         if not ensemble.is_file():
             api.pretrain_ensemble_leaving_out(groups, excluded, params, weights, ensemble, MEMBERS)

@@ -1,0 +1,233 @@
+"""AdaTune's levers on gradtune's gradient search, added one at a time (issue 15).
+
+Protocol (the parts live in bench/adatunebench/; models, preparation, the run machinery and
+the interleaved timing are the search-efficiency benchmark's, bench/searchbench/):
+
+1. **Models** (``searchbench.models``): by default two zoo models (dcgan_like, resnet18_like)
+   and two in no zoo (mbconv_se, bert_block). Each is prepared once: its cost model and a
+   four-member ensemble pretrained without any of the model's workloads (overlap asserted 0).
+2. **Configurations** (``adatunebench.layout.CONFIGS``), incremental as in AdaTune's
+   Fig. 10–11: ``baseline`` (today's search, fixed measurement), ``ensemble_ei`` (+ the deep
+   ensemble and log EI), ``contextual`` (+ Eq. 3's explore share), ``full`` (+ the adaptive
+   evaluator); and ``adaptive_only`` (the adaptive evaluator alone).
+3. **Runs**: each configuration tunes each model from an empty database, in a fresh process,
+   with the CLI's settings (``gradtune tune --time-budget B``: builder, local RPC fleet of one
+   server, gradient task scheduler, default batch), seed = repeat; a timer stops it at B.
+   Order: repeat-major, models round-robin, configurations rotated per model and repeat.
+4. **Timing**: every configuration's library of a model (the model as tuned by B, outputs
+   verified) timed interleaved in one process.
+5. **Metrics** (``adatunebench.analysis``): device measurement seconds per trial, trials per
+   minute, t95 (to 95% of the best any configuration reached), the time to reach the
+   baseline's final latency, the end-to-end latency at B. The adaptive evaluator's accuracy
+   against long fixed measurements of ≥ 50 candidates is ``bench/adaptive_evaluator.py``'s
+   (its result and commit are quoted).
+
+    .venv/bin/python bench/adatune_ablation.py [--budget 300] [--repeats 3] [--models ...]
+    nohup .venv/bin/python bench/adatune_ablation.py > /tmp/adatune.log 2>&1 &
+    .venv/bin/python bench/adatune_ablation.py --render      # re-analyse the saved runs
+
+Interrupted (Ctrl-C, ``kill PID``), the same command resumes: finished runs are kept, a
+half-finished one is restarted. Writes ``--out``/adatune_ablation.{md,json} and a plot per
+model (marked PARTIAL until every run finished); the last line printed is one JSON object:
+``{"configs": {name: {...}}, "measure_seconds_ratio", "adaptive_latency_error_median",
+"t95_ratio_full_over_baseline", "final_latency_ratio", ...}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import sys
+import traceback
+from pathlib import Path
+
+from adatunebench.layout import CONFIGS, SEARCHER, AdaLayout, layout_of, plan
+from searchbench import driver
+from searchbench.layout import RunSpec, write_json
+from searchbench.models import MODELS, ROOT
+
+STEM = "adatune_ablation"
+SCRIPT = Path(__file__).resolve()
+DEFAULT_MODELS = ("dcgan_like", "resnet18_like", "mbconv_se", "bert_block")
+HELD_OUT_NEEDED = 2  # models in no zoo the cost model was pretrained on
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget", type=float, default=300.0, help="seconds per run")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per configuration and model")
+    parser.add_argument(
+        "--models", nargs="+", default=None, metavar="MODEL",
+        help=f"of {', '.join(MODELS)} (default: {' '.join(DEFAULT_MODELS)})",
+    )  # fmt: skip
+    parser.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
+                        help=f"of {', '.join(CONFIGS)} (default: all)")  # fmt: skip
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--render", action="store_true", help="only re-analyse saved results")
+    # Internal: the steps the orchestrator runs in subprocesses.
+    parser.add_argument("--config", default="baseline", help=argparse.SUPPRESS)
+    step = parser.add_mutually_exclusive_group()
+    step.add_argument("--one", nargs=3, metavar=("MODEL", "SEARCHER", "REPEAT"),
+                      help=argparse.SUPPRESS)  # fmt: skip
+    step.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
+    step.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line; None if nothing."""
+    unknown = [m for m in args.models or [] if m not in MODELS]
+    if unknown:
+        return f"unknown model {', '.join(unknown)} (choose from {', '.join(MODELS)})"
+    configs = [*(args.configs or []), args.config]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        return f"unknown configuration {', '.join(unknown)} (choose from {', '.join(CONFIGS)})"
+    if args.budget <= 0 or args.repeats < 1:
+        return "--budget must be positive and --repeats at least 1"
+    return None
+
+
+def time_model(layouts: dict[str, AdaLayout], model: str) -> None:
+    """Child: every configuration's final library of ``model``, timed interleaved."""
+    import time
+
+    from searchbench import api
+    from searchbench.timing import libraries
+
+    found = {
+        f"{config}/{label}": path
+        for config, layout in layouts.items()
+        for label, path in libraries(layout, model).items()
+        if label.endswith("@100")
+    }
+    _config, target = api.host_target()
+    any_layout = next(iter(layouts.values()))
+    imported = api.import_model(MODELS[model].tuning_file(any_layout.work))
+    load_before = os.getloadavg()
+    start = time.perf_counter()
+    ms = api.time_libraries(found, imported.inputs, target)
+    write_json(any_layout.timing(model), {
+        "model": model,
+        "ms": {label: round(v, 5) for label, v in ms.items()},
+        "seconds": round(time.perf_counter() - start, 1),
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    })  # fmt: skip
+    print(f"{model}: timed {len(found)} libraries interleaved", flush=True)
+
+
+def timing_stale(layouts: dict[str, AdaLayout], model: str) -> bool:
+    from searchbench.timing import libraries
+
+    wanted = sorted(
+        f"{config}/{label}"
+        for config, layout in layouts.items()
+        for label in libraries(layout, model)
+        if label.endswith("@100")
+    )
+    path = next(iter(layouts.values())).timing(model)
+    if not path.is_file():
+        return bool(wanted)
+    return sorted(json.loads(path.read_text())["ms"]) != wanted
+
+
+def render(layouts: dict[str, AdaLayout], runs: list, models: list[str], out: Path) -> dict:
+    from adatunebench import analysis
+
+    data = analysis.gather(layouts, runs, models)
+    summary = analysis.summary_line(data, analysis.accuracy_check(out))
+    text = analysis.markdown(data, summary, list(layouts))
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"{STEM}.md").write_text(text)
+    write_json(out / f"{STEM}.json", {"data": data, "summary": summary})
+    analysis.plot(data, layouts, runs, out / STEM)
+    return {"text": text, "summary": summary}
+
+
+def one(args: argparse.Namespace, layout: AdaLayout) -> int:
+    """Child: one tuning run; its result (or its error) goes to result.json."""
+    from searchbench import run
+
+    model, _searcher, repeat = args.one
+    spec = RunSpec(model, SEARCHER, int(repeat))
+    run_dir = layout.run_dir(spec)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "pid").write_text(str(os.getpid()))
+    try:
+        result = run.run(spec, layout) | {"config": layout.config}
+    except Exception:
+        result = {"model": model, "searcher": SEARCHER, "repeat": int(repeat),
+                  "run_id": spec.run_id, "error": traceback.format_exc()}  # fmt: skip
+        print(result["error"], file=sys.stderr)
+    write_json(layout.result(spec), result)
+    return 0
+
+
+def orchestrate(layouts: dict[str, AdaLayout], runs: list, models: list[str], out: Path) -> bool:
+    """Every unfinished run in order, each in a child; the report after each. False if
+    interrupted."""
+    children = driver.Children(SCRIPT)
+    children.install()
+    first = next(iter(layouts.values()))
+    try:
+        driver.ensure_features(children, first)
+        for config, spec in runs:
+            layout = layouts[config]
+            if layout.finished(spec):
+                continue
+            if "error" in driver.ensure_prepared(children, layout, spec.model):
+                continue
+            driver.run_job(children, layout, spec)
+            render(layouts, runs, models, out)
+        for model in models:
+            if timing_stale(layouts, model):
+                log = first.base / "logs" / f"{model}-timing.log"
+                children.run(["--time", model, *first.child_args()], log, timeout=3600)
+    except driver.Interrupted:
+        print("adatune_ablation: interrupted; rerun the same command to resume", flush=True)
+        return False
+    return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    problem = check(args)
+    if problem:
+        print(f"adatune_ablation: {problem}", file=sys.stderr)
+        return 2
+    work = args.work.resolve()
+    # A child asked to stop by SIGTERM stops as on Ctrl-C: between batches, fleet shut down.
+    signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+    configs = args.configs or list(CONFIGS)
+    layouts = {c: layout_of(work, args.budget, c) for c in configs}
+    if args.one:
+        return one(args, layout_of(work, args.budget, args.config))
+    if args.prepare:
+        from search_efficiency import prepare_child
+
+        return prepare_child(args, layout_of(work, args.budget, args.config))
+    if args.time:
+        time_model({c: layout_of(work, args.budget, c) for c in CONFIGS}, args.time)
+        return 0
+    models = list(dict.fromkeys(args.models or DEFAULT_MODELS))
+    held_out = [m for m in models if MODELS[m].zoo_name is None]
+    if len(held_out) < HELD_OUT_NEEDED and not args.render:
+        print(f"adatune_ablation: note: {len(held_out)} of the models are in no zoo; the "
+              f"issue asks for {HELD_OUT_NEEDED}", flush=True)  # fmt: skip
+    runs = plan(models, args.repeats, configs)
+    completed = True
+    if not args.render:
+        completed = orchestrate(layouts, runs, models, args.out)
+    rendered = render(layouts, runs, models, args.out)
+    print(rendered["text"])
+    print(json.dumps(rendered["summary"]))
+    return 0 if args.render or completed else 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""bench/adatune_ablation.py: bad input refused before anything starts; its plan and metrics."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import BENCH, ROOT
+
+pytestmark = pytest.mark.usefixtures("bench_on_path")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--models", "dcgan_like", "no_such_model"], "unknown model no_such_model"),
+        (["--configs", "baseline", "nothing"], "unknown configuration nothing"),
+        (["--repeats", "0"], "--repeats at least 1"),
+    ],
+)
+def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "adatune_ablation.py"), "--work", str(tmp_path / "work"),
+         "--out", str(tmp_path / "out"), *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+
+
+def test_plan_runs_every_configuration_once_per_model_and_repeat_rotating_the_first():
+    from adatunebench.layout import CONFIGS, plan
+
+    configs = list(CONFIGS)
+    runs = plan(["a", "b", "c"], 3, configs)
+    keys = [(c, s.model, s.repeat) for c, s in runs]
+    assert len(set(keys)) == len(keys) == 3 * 3 * len(configs)
+    firsts = [runs[i][0] for i in range(0, len(runs), len(configs))]
+    assert len(set(firsts)) >= 3, "no configuration always goes first"
+
+
+def _finish(layout, model: str, repeat: int, rounds: list, measure_s: float, trials: int) -> None:
+    from searchbench.layout import RunSpec, write_json
+
+    spec = RunSpec(model, "gradient", repeat)
+    write_json(layout.result(spec), {
+        "run_id": spec.run_id, "model": model, "repeat": repeat, "overrun_pct": 1.0,
+        "rounds": [{"wall_s": t, "estimated_us": us, "trials": i} for i, (t, us) in
+                   enumerate(rounds)],
+        "trials_in_budget": trials, "measure_seconds": measure_s, "measured_candidates": trials,
+        "commit": "abc1234",
+    })  # fmt: skip
+
+
+def test_metrics_compare_each_configuration_with_the_baseline(tmp_path: Path):
+    from adatunebench import analysis
+    from adatunebench.layout import BASELINE, FULL, layout_of, plan
+    from searchbench.layout import write_json
+
+    configs = [BASELINE, FULL, "adaptive_only"]
+    layouts = {c: layout_of(tmp_path, 100.0, c) for c in configs}
+    runs = plan(["m"], 1, configs)
+    # The baseline ends at 500 µs, reached at 80 s; full gets there at 20 s and on to 480.
+    _finish(layouts[BASELINE], "m", 0, [(10, 900), (80, 500)], measure_s=8.0, trials=100)
+    _finish(layouts[FULL], "m", 0, [(10, 700), (20, 500), (60, 480)], measure_s=3.0, trials=150)
+    _finish(layouts["adaptive_only"], "m", 0, [(30, 600), (150, 400)], measure_s=2.0, trials=50)
+    write_json(layouts[BASELINE].timing("m"), {"ms": {
+        "baseline/gradient-r0@100": 2.0, "full/gradient-r0@100": 1.9,
+    }})  # fmt: skip
+    data = analysis.gather(layouts, runs, ["m"])
+    rows = data["models"]["m"]["configs"]
+    assert data["models"]["m"]["best_known_us"] == 480 and not data["partial"]
+    # 95% of 480 µs is 505 µs: the baseline reached it at 80 s, full at 20 s; adaptive_only
+    # only after the budget (150 s > 100 s), a bound.
+    assert rows[BASELINE]["t95_s"] == 80 and rows[FULL]["t95_s"] == 20
+    assert rows["adaptive_only"]["t95_bound"] and rows["adaptive_only"]["t95_s"] == 100
+    assert rows[FULL]["t_baseline_final_s"] == 20
+    assert rows[BASELINE]["measure_s_per_trial"] == pytest.approx(0.08)
+    summary = analysis.summary_line(data, None)
+    assert summary["measure_seconds_ratio"] == pytest.approx(0.08 / 0.04)
+    assert summary["t95_ratio_full_over_baseline"] == pytest.approx(0.25)
+    assert summary["final_latency_ratio"] == pytest.approx(0.95)
+    text = analysis.markdown(data, summary, configs)
+    assert "| m | adaptive_only | 1 | > 100.0 |" in text
+    assert analysis.plot(data, layouts, runs, tmp_path / "out" / "ablation")[0].is_file()

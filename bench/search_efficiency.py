@@ -90,6 +90,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="per task, every run's best kernel with its vector and parallel extents",
     )  # fmt: skip
     mode.add_argument(
+        "--versus", metavar="MODEL",
+        help="time the finished libraries of MODEL of this --gradient-config and of the default "
+        "configuration interleaved in one process, and print the medians side by side",
+    )  # fmt: skip
+    mode.add_argument(
         "--restore", type=Path, metavar="DIR",
         help="put archived runs back into --work (libraries rebuilt), then stop",
     )  # fmt: skip
@@ -153,6 +158,30 @@ def prepare_child(args: argparse.Namespace, layout: Layout) -> int:
     return 0
 
 
+def versus(args: argparse.Namespace, layout: Layout) -> int:
+    """The ablation's final libraries against the default configuration's, interleaved."""
+    from searchbench.report import git_commit
+    from searchbench.timing import time_versus
+
+    if not args.gradient_config and args.measure == "fixed":
+        print("search_efficiency: --versus compares a --gradient-config (or --measure adaptive) "
+              "with the default configuration", file=sys.stderr)  # fmt: skip
+        return 2
+    default = Layout(layout.work, layout.budget)
+    name = layout.root.name.split("s-", 1)[1]
+    out = layout.root / "timing" / f"{args.versus}-versus-default.json"
+    record = time_versus({"default": default, name: layout}, args.versus, out)
+    base = record["median_ms"].get("default/gradient")
+    print(f"{args.versus}: median end-to-end ms at the budget, timed interleaved "
+          f"(commit {git_commit()}, load {record['loadavg_before'][0]} → "
+          f"{record['loadavg_after'][0]})")  # fmt: skip
+    for group, value in record["median_ms"].items():
+        ratio = f"  default gradient / this = {base / value:.3f}" if base else ""
+        print(f"  {group:<60} {value:8.4f}{ratio}")
+    print(json.dumps({"model": args.versus, "median_ms": record["median_ms"]}))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     layout = Layout(args.work.resolve(), args.budget, args.gradient_config, args.measure)
@@ -175,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
 
         print(table(layout, args.kernels))
         return 0
+    if args.versus:
+        return versus(args, layout)
     if args.time:
         from searchbench.timing import time_model
 

@@ -91,6 +91,35 @@ def test_gradient_search_tunes_and_resumes_without_measuring_twice(
 
 
 @pytest.mark.slow
+def test_adatune_search_tunes_with_the_bundled_ensemble_and_adaptive_measurement(
+    tiny_model, llvm_target, tmp_path
+):
+    """The whole of AdaTune on the descent in a real tune: the bundled ensemble, log EI,
+    the contextual explore share logged per round, candidates timed by the adaptive evaluator
+    (its device time accounted), every record in TVM's database format."""
+    from gradtune.costmodel.online import OnlineCostModel
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.measure.runner import MeasureSettings
+    from gradtune.search import make_strategy
+    from gradtune.search.gradient_search import GradientConfig
+    from gradtune.tune import count_records, run_database, tune
+
+    _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
+    cost_model = OnlineCostModel.ensemble("llvm", epochs=1)
+    assert len(cost_model.members) == 4
+    config = GradientConfig(seeds=4, steps=6, acquisition="ei", contextual_explore=True)
+    strategy = make_strategy("gradient", cost_model=cost_model, config=config)
+    with LocalFleet() as tracker:
+        result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=8, search=strategy,
+                      trials_per_round=4, measure=MeasureSettings(mode="adaptive"))  # fmt: skip
+    assert result.trials == 8 and count_records(run_database(tmp_path)) == 8
+    searched = [r.search for r in result.rounds if r.search is not None]
+    assert searched and all(0.05 <= s.explore_share <= 0.5 for s in searched)
+    assert all(math.isfinite(s.mean_sigma) and s.mean_sigma > 0 for s in searched)
+    assert result.measure_cost.candidates >= 8 and result.measure_cost.seconds > 0
+
+
+@pytest.mark.slow
 def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, tmp_path):
     from gradtune.frontend import load_model
     from gradtune.measure.rpc_fleet import LocalFleet

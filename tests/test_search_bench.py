@@ -1,4 +1,4 @@
-"""bench/search_efficiency.py --kernels: the loop decisions it reports, and bad input."""
+"""bench/search_efficiency.py --kernels and --versus: the loop decisions it reports, and bad input."""
 
 from __future__ import annotations
 
@@ -38,3 +38,21 @@ def test_kernels_of_a_model_without_runs_is_one_line(tmp_path):
     assert done.returncode != 0
     where = tmp_path / "480s"
     assert done.stderr.strip() == f"search_efficiency: no finished runs of bert_block in {where}"
+
+
+@pytest.mark.parametrize(
+    ("config", "says"),
+    [
+        ([], "--versus compares a --gradient-config"),
+        (["--gradient-config", "evolutionary_explore=True"], "no finished runs of bert_block"),
+    ],
+)
+def test_versus_without_an_ablation_or_runs_is_one_line(tmp_path, config, says):
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "search_efficiency.py"), "--work", str(tmp_path),
+         "--budget", "480", "--versus", "bert_block", *config],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr

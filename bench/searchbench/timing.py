@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -54,4 +55,38 @@ def time_model(layout: Layout, model: str) -> dict[str, Any]:
     }
     write_json(layout.timing(model), record)
     print(f"{model}: timed {len(found)} libraries interleaved in {record['seconds']} s", flush=True)
+    return record
+
+
+def time_versus(layouts: dict[str, Layout], model: str, out: Path) -> dict[str, Any]:
+    """Every configuration's libraries of ``model`` as tuned by the whole budget, timed
+    interleaved in one process: an ablation against the default configuration's gradient runs
+    (and the shared evolutionary ones), side by side. ``layouts``: name → configuration."""
+    found = {
+        f"{name}/{label}": path
+        for name, layout in layouts.items()
+        for label, path in libraries(layout, model).items()
+        if label.endswith("@100")
+    }
+    if not found:
+        raise SystemExit(f"search_efficiency: no finished runs of {model} to time")
+    any_layout = next(iter(layouts.values()))
+    _config, target = api.host_target()
+    imported = api.import_model(MODELS[model].tuning_file(any_layout.work))
+    load_before = os.getloadavg()
+    ms = api.time_libraries(found, imported.inputs, target)
+    groups: dict[str, list[float]] = {}
+    for label, value in ms.items():
+        name, run = label.split("/", 1)
+        groups.setdefault(f"{name}/{run.split('-r')[0]}", []).append(value)
+    medians = {k: round(statistics.median(v), 5) for k, v in sorted(groups.items())}
+    record = {
+        "model": model,
+        "ms": {label: round(v, 5) for label, v in ms.items()},
+        "median_ms": medians,
+        "loadavg_before": [round(x, 2) for x in load_before],
+        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
+        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+    write_json(out, record)
     return record

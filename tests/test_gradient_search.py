@@ -204,7 +204,7 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     from gradtune.symbolic.sketch import decision_key
 
     conv = small_cnn_conv
-    config = GradientConfig(seeds=4, steps=4, explore=0.5, evolutionary_explore=True)
+    config = GradientConfig(seeds=4, steps=4)  # the explorer and its half of a batch: defaults
     search = make_strategy("gradient", config=config)
     session = Session()
     search.attach(session)
@@ -214,8 +214,12 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     ).clone()  # fmt: skip
     search._initialize_with_tune_context(context)
     database = ms.database.MemoryDatabase()
+    # Without a database and cost model to run it on there is no explorer: Felix's 1 in 8
+    # drawn at random instead.
+    search.pre_tuning(64, 8, context.generate_design_space())
+    assert search.explorer is None and search._explore_share == 0.125
     search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
-    assert search.explorer is not None
+    assert search.explorer is not None and search._explore_share == 0.5
     candidates = search.generate_measure_candidates()
     # Up to half from the explorer (fewer only if what it found was measured); the descent
     # fills the batch.

@@ -57,8 +57,10 @@ class GradientConfig(NamedTuple):
         λ in O(x) = −score(features(x)) + λ · penalties(x): how hard the descent is pushed back
         into the region where points round to valid decisions.
     explore : float, default 0.125
-        Share of each batch drawn at random from the candidates below the cut rather than by
-        score (1 in 8), a guard against the cost model's blind spots.
+        Without the evolutionary explorer (``evolutionary_explore`` off, or no database and
+        cost model to run it on), the share of each batch drawn at random from the candidates
+        below the cut rather than by score (1 in 8, Felix's), a guard against the cost model's
+        blind spots.
     elite : float, default 0.0
         Share of the seeds started from the task's fastest measured programs (this run's and
         the database's), each in its own sketch, instead of at random. Felix seeds at random;
@@ -74,16 +76,20 @@ class GradientConfig(NamedTuple):
     per_seed_first : bool, default False
         Fill the exploited part of a batch with each seed's best-scored candidate first, then
         by score: one trajectory's neighbouring iterates cannot take the whole batch.
-    evolutionary_explore : bool, default False
-        Fill the ``explore`` share with MetaSchedule's ``EvolutionarySearch`` instead of random
-        candidates below the cut. It scores with the XGBoost model MetaSchedule's task
+    evolutionary_explore : bool, default True
+        Fill ``evolved`` of each batch with MetaSchedule's ``EvolutionarySearch`` (the
+        explorer), the descent the rest. It scores with the XGBoost model MetaSchedule's task
         scheduler already trains on every measured program, and its population starts from the
         database's fastest programs, the descent's included. The descent's MLP is smooth in
         each feature, and the features give two decisive loop choices only as magnitudes:
         whether a vector extent fills whole registers, and whether a kernel of a few µs is
         better on one thread (``bench/results/search_efficiency_kernels.md``). Trees split on
-        exact feature values, and mutations move one decision at a time, so the evolutionary
-        share can reach the programs the descent rounds past.
+        exact feature values, and mutations move one decision at a time, so the explorer
+        reaches the programs the descent rounds past, and the descent's programs seed it. On
+        the search-efficiency benchmark's held-out models the two together beat both alone
+        (``bench/results/search_efficiency_explore0.5_evolutionary_exploreTrue.md``).
+    evolved : float, default 0.5
+        The explorer's share of each batch (the ablation's ``explore=0.5``).
     acquisition : {"score", "ei"}, default "score"
         What the descent climbs and the picks are ranked by. ``score`` is Felix's: the MLP's
         score. ``ei`` is AdaTune's: the expected improvement of the ensemble's standardized
@@ -114,7 +120,8 @@ class GradientConfig(NamedTuple):
     warm_elite: float = 0.5
     database_online: int = 32
     per_seed_first: bool = False
-    evolutionary_explore: bool = False
+    evolutionary_explore: bool = True
+    evolved: float = 0.5
     acquisition: str = "score"
     contextual_explore: bool = False
     explore_bounds: tuple[float, float] = (0.05, 0.5)
@@ -242,15 +249,17 @@ class GradientSearch(ReportingStrategy):
             self.fallback._initialize_with_tune_context(self.context)
             self.fallback.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database,
                                      cost_model)  # fmt: skip
-        elif self.config.evolutionary_explore:
+        elif self.config.evolutionary_explore and database is not None and cost_model is not None:
             # Sized for the largest share a round may ask of it.
-            share = self.config.explore_bounds[1] if self.config.contextual_explore else None
+            cfg = self.config
+            share = cfg.explore_bounds[1] if cfg.contextual_explore else cfg.evolved
             size = self._explore_count(self.per_iter, share)
             if size > 0:
                 self.explorer = ms.search_strategy.EvolutionarySearch()
                 self.explorer._initialize_with_tune_context(self.context)
                 self.explorer.pre_tuning(max_trials, size, design_spaces, database,
                                          cost_model)  # fmt: skip
+        self._explore_share = self.config.evolved if self.explorer else self.config.explore
 
     def post_tuning(self) -> None:
         for strategy in (self.fallback, self.explorer):

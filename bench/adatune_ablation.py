@@ -37,10 +37,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
-import traceback
 from pathlib import Path
 
 from adatunebench.layout import CONFIGS, SEARCHER, AdaLayout, layout_of, plan
@@ -93,10 +91,7 @@ def check(args: argparse.Namespace) -> str | None:
 
 def time_model(layouts: dict[str, AdaLayout], model: str) -> None:
     """Child: every configuration's final library of ``model``, timed interleaved."""
-    import time
-
-    from searchbench import api
-    from searchbench.timing import libraries
+    from searchbench.timing import libraries, timed
 
     found = {
         f"{config}/{label}": path
@@ -104,21 +99,8 @@ def time_model(layouts: dict[str, AdaLayout], model: str) -> None:
         for label, path in libraries(layout, model).items()
         if label.endswith("@100")
     }
-    _config, target = api.host_target()
     any_layout = next(iter(layouts.values()))
-    imported = api.import_model(MODELS[model].tuning_file(any_layout.work))
-    load_before = os.getloadavg()
-    start = time.perf_counter()
-    ms = api.time_libraries(found, imported.inputs, target)
-    write_json(any_layout.timing(model), {
-        "model": model,
-        "ms": {label: round(v, 5) for label, v in ms.items()},
-        "seconds": round(time.perf_counter() - start, 1),
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    })  # fmt: skip
-    print(f"{model}: timed {len(found)} libraries interleaved", flush=True)
+    write_json(any_layout.timing(model), timed(model, found, any_layout.work))
 
 
 def timing_stale(layouts: dict[str, AdaLayout], model: str) -> bool:
@@ -153,19 +135,8 @@ def one(args: argparse.Namespace, layout: AdaLayout) -> int:
     """Child: one tuning run; its result (or its error) goes to result.json."""
     from searchbench import run
 
-    model, _searcher, repeat = args.one
-    spec = RunSpec(model, SEARCHER, int(repeat))
-    run_dir = layout.run_dir(spec)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "pid").write_text(str(os.getpid()))
-    try:
-        result = run.run(spec, layout) | {"config": layout.config}
-    except Exception:
-        result = {"model": model, "searcher": SEARCHER, "repeat": int(repeat),
-                  "run_id": spec.run_id, "error": traceback.format_exc()}  # fmt: skip
-        print(result["error"], file=sys.stderr)
-    write_json(layout.result(spec), result)
-    return 0
+    spec = RunSpec(args.one[0], SEARCHER, int(args.one[2]))
+    return driver.child(layout, spec, lambda: run.run(spec, layout) | {"config": layout.config})
 
 
 def orchestrate(layouts: dict[str, AdaLayout], runs: list, models: list[str], out: Path) -> bool:

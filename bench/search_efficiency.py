@@ -49,7 +49,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
 import traceback
@@ -132,17 +131,7 @@ def one(args: argparse.Namespace, layout: Layout) -> int:
 
     model, searcher, repeat = args.one
     spec = RunSpec(model, searcher, int(repeat), args.per_round)
-    run_dir = layout.run_dir(spec)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "pid").write_text(str(os.getpid()))
-    try:
-        result = run.run(spec, layout)
-    except Exception:
-        result = {"model": model, "searcher": searcher, "repeat": int(repeat),
-                  "run_id": spec.run_id, "error": traceback.format_exc()}  # fmt: skip
-        print(result["error"], file=sys.stderr)
-    write_json(layout.result(spec), result)
-    return 0
+    return driver.child(layout, spec, lambda: run.run(spec, layout))
 
 
 def prepare_child(args: argparse.Namespace, layout: Layout) -> int:

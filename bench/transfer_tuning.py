@@ -36,14 +36,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import sys
-import traceback
 from pathlib import Path
 
 from searchbench import driver
-from searchbench.layout import RunSpec, write_json
+from searchbench.layout import RunSpec
 from searchbench.models import MODELS, ROOT
 from transferbench.layout import KINDS, TransferLayout, plan
 
@@ -114,17 +112,7 @@ def one(args: argparse.Namespace, layout: TransferLayout) -> int:
 
     model, kind, repeat = args.one
     spec = RunSpec(model, kind, int(repeat))
-    run_dir = layout.run_dir(spec)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "pid").write_text(str(os.getpid()))
-    try:
-        result = step.run(spec, layout)
-    except Exception:
-        result = {"model": model, "searcher": kind, "repeat": int(repeat),
-                  "run_id": spec.run_id, "error": traceback.format_exc()}  # fmt: skip
-        print(result["error"], file=sys.stderr)
-    write_json(layout.result(spec), result)
-    return 0
+    return driver.child(layout, spec, lambda: step.run(spec, layout))
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,8 @@ import signal
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -111,6 +113,22 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
     except OSError:
         return False
+
+
+def child(layout: Layout, spec: RunSpec, run: Callable[[], dict[str, Any]]) -> int:
+    """In a ``--one`` child: ``run()`` one run and write its result, or its error (the run
+    failed; the benchmark goes on), to result.json. The pid file lets a resume stop a leftover."""
+    run_dir = layout.run_dir(spec)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "pid").write_text(str(os.getpid()))
+    try:
+        result = run()
+    except Exception:
+        result = {"model": spec.model, "searcher": spec.searcher, "repeat": spec.repeat,
+                  "run_id": spec.run_id, "error": traceback.format_exc()}  # fmt: skip
+        print(result["error"], file=sys.stderr)
+    write_json(layout.result(spec), result)
+    return 0
 
 
 def clean_half_finished(layout: Layout, spec: RunSpec) -> None:

@@ -38,10 +38,11 @@ def up_to_date(layout: Layout, model: str) -> bool:
     return sorted(json.loads(path.read_text())["ms"]) == sorted(libraries(layout, model))
 
 
-def time_model(layout: Layout, model: str) -> dict[str, Any]:
-    found = libraries(layout, model)
+def timed(model: str, found: dict[str, Path], work: Path) -> dict[str, Any]:
+    """``found`` (label → library of ``model``) timed interleaved in this process: the record
+    the timing files hold (ms per label, seconds, load average, date)."""
     _config, target = api.host_target()
-    imported = api.import_model(MODELS[model].tuning_file(layout.work))
+    imported = api.import_model(MODELS[model].tuning_file(work))
     load_before = os.getloadavg()
     start = time.perf_counter()
     ms = api.time_libraries(found, imported.inputs, target)
@@ -53,8 +54,13 @@ def time_model(layout: Layout, model: str) -> dict[str, Any]:
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    write_json(layout.timing(model), record)
     print(f"{model}: timed {len(found)} libraries interleaved in {record['seconds']} s", flush=True)
+    return record
+
+
+def time_model(layout: Layout, model: str) -> dict[str, Any]:
+    record = timed(model, libraries(layout, model), layout.work)
+    write_json(layout.timing(model), record)
     return record
 
 
@@ -70,23 +76,11 @@ def time_versus(layouts: dict[str, Layout], model: str, out: Path) -> dict[str, 
     }
     if not found:
         raise SystemExit(f"search_efficiency: no finished runs of {model} to time")
-    any_layout = next(iter(layouts.values()))
-    _config, target = api.host_target()
-    imported = api.import_model(MODELS[model].tuning_file(any_layout.work))
-    load_before = os.getloadavg()
-    ms = api.time_libraries(found, imported.inputs, target)
+    record = timed(model, found, next(iter(layouts.values())).work)
     groups: dict[str, list[float]] = {}
-    for label, value in ms.items():
+    for label, value in record["ms"].items():
         name, run = label.split("/", 1)
         groups.setdefault(f"{name}/{run.split('-r')[0]}", []).append(value)
-    medians = {k: round(statistics.median(v), 5) for k, v in sorted(groups.items())}
-    record = {
-        "model": model,
-        "ms": {label: round(v, 5) for label, v in ms.items()},
-        "median_ms": medians,
-        "loadavg_before": [round(x, 2) for x in load_before],
-        "loadavg_after": [round(x, 2) for x in os.getloadavg()],
-        "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    record["median_ms"] = {k: round(statistics.median(v), 5) for k, v in sorted(groups.items())}
     write_json(out, record)
     return record

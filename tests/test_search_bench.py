@@ -1,4 +1,4 @@
-"""bench/search_efficiency.py --kernels and --versus: the loop decisions it reports, and bad input."""
+"""bench/search_efficiency.py --kernels and --versus: what they report, and bad input."""
 
 from __future__ import annotations
 

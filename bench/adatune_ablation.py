@@ -91,27 +91,17 @@ def check(args: argparse.Namespace) -> str | None:
 
 def time_model(layouts: dict[str, AdaLayout], model: str) -> None:
     """Child: every configuration's final library of ``model``, timed interleaved."""
-    from searchbench.timing import libraries, timed
+    from searchbench.timing import final_libraries, timed
 
-    found = {
-        f"{config}/{label}": path
-        for config, layout in layouts.items()
-        for label, path in libraries(layout, model).items()
-        if label.endswith("@100")
-    }
     any_layout = next(iter(layouts.values()))
+    found = final_libraries(layouts, model)
     write_json(any_layout.timing(model), timed(model, found, any_layout.work))
 
 
 def timing_stale(layouts: dict[str, AdaLayout], model: str) -> bool:
-    from searchbench.timing import libraries
+    from searchbench.timing import final_libraries
 
-    wanted = sorted(
-        f"{config}/{label}"
-        for config, layout in layouts.items()
-        for label in libraries(layout, model)
-        if label.endswith("@100")
-    )
+    wanted = sorted(final_libraries(layouts, model))
     path = next(iter(layouts.values())).timing(model)
     if not path.is_file():
         return bool(wanted)

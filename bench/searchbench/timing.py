@@ -64,16 +64,22 @@ def time_model(layout: Layout, model: str) -> dict[str, Any]:
     return record
 
 
-def time_versus(layouts: dict[str, Layout], model: str, out: Path) -> dict[str, Any]:
-    """Every configuration's libraries of ``model`` as tuned by the whole budget, timed
-    interleaved in one process: an ablation against the default configuration's gradient runs
-    (and the shared evolutionary ones), side by side. ``layouts``: name → configuration."""
-    found = {
+def final_libraries(layouts: dict[str, Layout], model: str) -> dict[str, Path]:
+    """``<name>/<run id>@100`` → library of ``model`` as tuned by the whole budget, for every
+    finished run of every layout (name → layout)."""
+    return {
         f"{name}/{label}": path
         for name, layout in layouts.items()
         for label, path in libraries(layout, model).items()
         if label.endswith("@100")
     }
+
+
+def time_versus(layouts: dict[str, Layout], model: str, out: Path) -> dict[str, Any]:
+    """Every configuration's libraries of ``model`` as tuned by the whole budget, timed
+    interleaved in one process: an ablation against the default configuration's gradient runs
+    (and the shared evolutionary ones), side by side. ``layouts``: name → configuration."""
+    found = final_libraries(layouts, model)
     if not found:
         raise SystemExit(f"search_efficiency: no finished runs of {model} to time")
     record = timed(model, found, next(iter(layouts.values())).work)

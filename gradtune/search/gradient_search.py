@@ -570,18 +570,19 @@ class GradientSearch(ReportingStrategy):
             raw = self.cost_model.member_scores(programs)
             scale = Scale.fit(raw)
             mu, sigma, _ = scale.mu_sigma(raw)
-        self._scale = scale
         self._mean_sigma = float(sigma[torch.isfinite(sigma)].mean())
-        best = self._best_measured()
-        if best is not None:
-            with torch.no_grad():
-                incumbent, _, _ = scale.mu_sigma(self.cost_model.member_scores([best]))
-            self._incumbent = float(incumbent[0])
-        if best is None or not math.isfinite(self._incumbent):
-            finite = mu[torch.isfinite(mu)]
-            self._incumbent = float(finite.max()) if len(finite) else 0.0
-        if self.config.acquisition != "ei":
-            self._scale = None  # the ensemble set the explore share; the score still descends
+        # Without EI the ensemble only sets the explore share: the score still descends, and
+        # there is no incumbent to compare with.
+        self._scale = scale if self.config.acquisition == "ei" else None
+        if self._scale is not None:
+            best = self._best_measured()
+            if best is not None:
+                with torch.no_grad():
+                    incumbent, _, _ = scale.mu_sigma(self.cost_model.member_scores([best]))
+                self._incumbent = float(incumbent[0])
+            if best is None or not math.isfinite(self._incumbent):
+                finite = mu[torch.isfinite(mu)]
+                self._incumbent = float(finite.max()) if len(finite) else 0.0
         if self.config.contextual_explore:
             self._explore_share = contextual_epsilon(mu, sigma, self.config.explore_bounds)
 

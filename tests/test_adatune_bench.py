@@ -45,6 +45,19 @@ def test_plan_runs_every_configuration_once_per_model_and_repeat_rotating_the_fi
     assert len(set(firsts)) >= 3, "no configuration always goes first"
 
 
+def test_evolutionary_rows_run_metaschedules_search_scored_by_its_xgboost_or_the_ensemble():
+    from adatunebench.layout import CONFIGS, layout_of, plan
+
+    runs = plan(["a"], 1, ["baseline", "evolutionary", "evolutionary_ensemble"])
+    assert {c: s.searcher for c, s in runs} == {
+        "baseline": "gradient", "evolutionary": "evolutionary",
+        "evolutionary_ensemble": "evolutionary",
+    }  # fmt: skip
+    assert [layout_of(Path("w"), 300, c).scheduler_model() for c in CONFIGS].count("xgb") == 6
+    ensemble = layout_of(Path("w"), 300, "evolutionary_ensemble")
+    assert ensemble.scheduler_model() == "ensemble" and ensemble.prepares_ensemble()
+
+
 def _finish(layout, model: str, repeat: int, rounds: list, measure_s: float, trials: int) -> None:
     from searchbench.layout import RunSpec, write_json
 

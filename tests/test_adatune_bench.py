@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import BENCH, ROOT
+from tests.conftest import assert_bench_refuses
 
 pytestmark = pytest.mark.usefixtures("bench_on_path")
 
@@ -22,16 +20,7 @@ pytestmark = pytest.mark.usefixtures("bench_on_path")
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "adatune_ablation.py"), "--work", str(tmp_path / "work"),
-         "--out", str(tmp_path / "out"), *args],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0], done.stderr
-    assert done.stdout == ""
-    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+    assert_bench_refuses("adatune_ablation.py", tmp_path, args, says)
 
 
 def test_plan_runs_every_configuration_once_per_model_and_repeat_rotating_the_first():

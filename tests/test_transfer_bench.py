@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import BENCH, ROOT
+from tests.conftest import assert_bench_refuses
 
 pytestmark = pytest.mark.usefixtures("bench_on_path")
-
-
-def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH / "transfer_tuning.py"), "--work", str(tmp_path / "work"),
-         "--out", str(tmp_path / "out"), *args],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -30,12 +18,7 @@ def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
-    done = _bench(tmp_path, *args)
-    assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0], done.stderr
-    assert done.stdout == ""
-    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+    assert_bench_refuses("transfer_tuning.py", tmp_path, args, says)
 
 
 def test_plan_tunes_every_library_before_any_transfer_and_alternates_repeats():

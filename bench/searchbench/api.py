@@ -213,13 +213,17 @@ def build_verify_export(
     return error
 
 
-def time_libraries(libraries: dict[str, Path], inputs: list[Any], target: Any) -> dict[str, float]:
-    """Median ms per inference of each exported library, timed interleaved in this process."""
+def time_libraries(
+    libraries: dict[str, Path], inputs: list[Any], target: Any,
+    extra: dict[str, Callable[[], Any]] | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """Median ms per inference of each exported library (and of each ``extra`` call: a peer),
+    timed interleaved in this process."""
     import tvm
 
     from gradtune import compilation
 
-    calls = {}
+    calls = dict(extra or {})
     for label, path in libraries.items():
         vm, dev = compilation.load_exported(path, target)
         args = [tvm.runtime.tensor(x, dev) for x in inputs]

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import shutil
 import statistics
 import subprocess
@@ -48,9 +47,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from searchbench.analysis import geomean
 from searchbench.layout import write_json
 from searchbench.models import MODELS, ROOT
-from searchbench.report import git_commit, machine
+from searchbench.report import conditions, git_commit, machine
 
 VARIANTS = ("plain", "prepack")
 DEFAULT_MODELS = ("mbconv_se", "bert_block")
@@ -206,10 +206,6 @@ def orchestrate(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- results
 
 
-def geomean(values: list[float]) -> float | None:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
-
-
 def median_or_none(values: list[float]) -> float | None:
     values = [v for v in values if v]
     return statistics.median(values) if values else None
@@ -286,8 +282,7 @@ def markdown(args: argparse.Namespace, data: dict[str, Any]) -> str:
         "# Weight prepacking (MetaSchedule's layout rewrite) against plain weights"
         + (" (PARTIAL)" if data["partial"] else ""),
         "",
-        f"Commit {data['commit']}; CPU {m['cpu']} ({m['logical_cores']} logical cores); target "
-        f"`{json.dumps(m['target'])}`. Per model the {args.tasks} tasks with the most FLOPs, "
+        conditions(data["commit"], m) + f" Per model the {args.tasks} tasks with the most FLOPs, "
         f"tuned by {args.search} search for {args.trials} trials each from an empty database, "
         f"{args.repeats} repeats per variant; medians. Ratio = plain / prepack: above 1 "
         "prepacking is faster. End-to-end: the whole model compiled with that database (other "

@@ -9,7 +9,9 @@ the interleaved timing are the search-efficiency benchmark's, bench/searchbench/
 2. **Configurations** (``adatunebench.layout.CONFIGS``), incremental as in AdaTune's
    Fig. 10–11: ``baseline`` (today's search, fixed measurement), ``ensemble_ei`` (+ the deep
    ensemble and log EI), ``contextual`` (+ Eq. 3's explore share), ``full`` (+ the adaptive
-   evaluator); and ``adaptive_only`` (the adaptive evaluator alone).
+   evaluator); and ``adaptive_only`` (the adaptive evaluator alone). Then MetaSchedule's
+   evolutionary search as it ships (``evolutionary``: the peer) and scoring with the
+   ensemble as a ``PyCostModel`` instead of its XGBoost (``evolutionary_ensemble``).
 3. **Runs**: each configuration tunes each model from an empty database, in a fresh process,
    with the CLI's settings (``gradtune tune --time-budget B``: builder, local RPC fleet of one
    server, gradient task scheduler, default batch), seed = repeat; a timer stops it at B.
@@ -41,7 +43,7 @@ import signal
 import sys
 from pathlib import Path
 
-from adatunebench.layout import CONFIGS, SEARCHER, AdaLayout, layout_of, plan
+from adatunebench.layout import CONFIGS, AdaLayout, layout_of, plan
 from searchbench import driver
 from searchbench.layout import RunSpec, write_json
 from searchbench.models import MODELS, ROOT
@@ -125,7 +127,7 @@ def one(args: argparse.Namespace, layout: AdaLayout) -> int:
     """Child: one tuning run; its result (or its error) goes to result.json."""
     from searchbench import run
 
-    spec = RunSpec(args.one[0], SEARCHER, int(args.one[2]))
+    spec = RunSpec(args.one[0], args.one[1], int(args.one[2]))
     return driver.child(layout, spec, lambda: run.run(spec, layout) | {"config": layout.config})
 
 

@@ -13,7 +13,11 @@ interleaved timing and the archive are the search-efficiency benchmark's, bench/
    the source chosen by Eq. 1, no search; ``warm``: ``gradtune tune --warm-start`` with that
    library and budget B. ``full`` and ``warm`` are repeated (seed = repeat). Order: every
    model's untuned and full run first (they are the libraries), then transfers and first warm
-   starts, then the other repeats with full and warm alternating.
+   starts, then the other repeats with full and warm alternating. A ``full`` run that
+   ``bench/search_efficiency.py`` already made in the same work dir (its default gradient run
+   of the model at the same budget and seed: the same call, cost model and seed) is adopted
+   instead of repeated (``transferbench.step.adopt``; ``adopted_from`` in its result), so
+   running both benchmarks at one budget (``--budget 480``) saves the full runs' hours.
 3. **Timing** (``searchbench.timing``): every library a model's runs built (the model as tuned
    by B, outputs verified) timed interleaved in one process.
 4. **Metrics** (``transferbench.analysis``): (a) the transfer's share of full tuning's speedup

@@ -47,7 +47,7 @@ from typing import Any
 
 from searchbench.layout import write_json
 from searchbench.models import MODELS, ROOT, BenchModel
-from searchbench.report import git_commit, machine
+from searchbench.report import conditions, git_commit, machine
 
 TRIALS = 5000  # as search_efficiency: the budget ends the run; the trials only size batches
 MIN_REPEATS = 7
@@ -255,8 +255,7 @@ def markdown(data: dict[str, Any]) -> str:
         "# gradtune against what you would deploy instead"
         + (" (PARTIAL)" if data["partial"] else ""),
         "",
-        f"Commit {data['commit']}; CPU {m['cpu']} ({m['logical_cores']} logical cores); target "
-        f"`{json.dumps(m['target'])}`. Each model tuned by `gradtune tune --time-budget "
+        conditions(data["commit"], m) + " Each model tuned by `gradtune tune --time-budget "
         f"{data['budget_s']:.0f} --trials {data['trials_budget']}` (every other option the "
         "CLI's default), then its compiled library timed against the peers interleaved in one "
         "fresh process, all on the target's core count (median of the repeats). Ratio = tuned "

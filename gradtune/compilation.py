@@ -37,6 +37,11 @@ def build(fused_mod: Any, target: Any, database: Any | None = None) -> Any:
         if database is not None:
             with database:
                 mod = MetaScheduleApplyDatabase(enable_warning=False)(mod)
+        if has_layout_free_weights(mod):
+            # A tuned kernel that reads a weight in a rewritten layout carries the rewrite as a
+            # preprocessing block: split out, it runs once, here, on the bound weights.
+            mod = relax.transform.SplitLayoutRewritePreproc()(mod)
+            mod = relax.transform.FoldConstant()(mod)
         if target.kind.name == "cuda":
             # Untuned GPU kernels must still be bound to threads to run at all.
             from tvm.s_tir import dlight as dl
@@ -51,6 +56,16 @@ def build(fused_mod: Any, target: Any, database: Any | None = None) -> Any:
         passes = importlib.import_module(f"tvm.relax.backend.{backend}.pipeline")
         lower = passes.dataflow_lower_passes(target) + passes.finalize_passes(target)
         return relax.build(mod, target=target, relax_pipeline=tvm.transform.Sequential(lower))
+
+
+def has_layout_free_weights(mod: Any) -> bool:
+    """Whether ``partition.prepare(weight_prepack=True)`` marked any PrimFunc's weights."""
+    from tvm import tirx
+
+    return any(
+        isinstance(func, tirx.PrimFunc) and func.attrs and "layout_free_buffers" in func.attrs
+        for func in mod.functions.values()
+    )
 
 
 class Runner:

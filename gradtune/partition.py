@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from .errors import GradtuneError
+
 _SUFFIX = re.compile(r"\d+$")
 
 
@@ -95,22 +97,34 @@ def operator_family(kernel_class: str) -> str:
     return OTHER_FAMILY
 
 
-def prepare(mod: Any, params: dict[str, Any], target: Any) -> Any:
+def prepare(mod: Any, params: dict[str, Any], target: Any, weight_prepack: bool = False) -> Any:
     """Bind weights, lower to fused TIR (the form both task extraction and compile consume).
 
     ``extract_tasks`` on a freshly imported module finds nothing; it needs the decomposition
     and legalization first (``DecomposeOpsForInference``, ``CanonicalizeBindings``, then the
     target's library-dispatch and legalize passes, which fuse operators into PrimFuncs).
+
+    ``weight_prepack`` (CPU targets): every PrimFunc argument that is a weight (a bound
+    constant) is marked layout-free (``AttachAttrLayoutFreeBuffers``). MetaSchedule's
+    ``RewriteLayout`` postprocessor may then store each weight in the order the tuned loop
+    nest reads it, as Ansor does, and ``compilation.build`` folds that reordering into the
+    constants at compile time: TVM's ``cpu_weight_prepack``, without its change of the
+    module's interface, because gradtune's weights are constants rather than inputs. The mark
+    is part of each task's workload, so records tuned with and without it never mix.
     """
     import tvm
     from tvm import relax
     from tvm.relax import pipeline
 
+    if weight_prepack and target.kind.name != "llvm":
+        raise GradtuneError(f"weight prepacking is for CPU targets (llvm), not {target.kind.name}")
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     seq = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
     with target:
         seq += pipeline.library_dispatch_passes(target) + pipeline.legalize_passes(target)
+        if weight_prepack:
+            seq.append(relax.transform.AttachAttrLayoutFreeBuffers())
         return tvm.transform.Sequential(seq)(mod)
 
 
@@ -161,9 +175,12 @@ def measure_untuned(tasks: list[TuningTask], target: Any, repeat: int = 5) -> No
         task.untuned_us = float(np.median(timer(*args).results)) * 1e6
 
 
-def partition(mod: Any, params: dict[str, Any], target: Any) -> tuple[Any, list[TuningTask]]:
-    """Fused module + its tuning tasks, with untuned per-call latencies measured."""
-    fused = prepare(mod, params, target)
+def partition(
+    mod: Any, params: dict[str, Any], target: Any, weight_prepack: bool = False
+) -> tuple[Any, list[TuningTask]]:
+    """Fused module + its tuning tasks, with untuned per-call latencies measured
+    (``weight_prepack``: see ``prepare``)."""
+    fused = prepare(mod, params, target, weight_prepack)
     tasks = extract(fused, target)
     measure_untuned(tasks, target)
     return fused, tasks

@@ -235,6 +235,7 @@ def tune(
     on_round: Callable[[RoundLog], None] | None = None,
     tracking_uri: str | None = None,
     warm_start: Callable[[Any, Any, Any, int], int] | None = None,
+    cost_model: str | Any = "xgb",
 ) -> TuneResult:
     """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
 
@@ -247,6 +248,13 @@ def tune(
     programs into the database after the default schedules and before the search, which then
     starts from them; it returns how many it measured. ``search`` None: no search at all (a
     transfer-only run), and ``max_trials`` bounds nothing but what ``warm_start`` may measure.
+
+    ``cost_model``: the task scheduler's, which MetaSchedule's evolutionary search (and the
+    gradient search's evolutionary explorer) score candidates with: MetaSchedule's XGBoost,
+    trained from nothing, by default. Any ``PyCostModel`` goes there too; AdaTune's ensemble
+    (``OnlineCostModel.ensemble()``) is an ablation of ``bench/adatune_ablation.py``. It must
+    not be the gradient search's own cost model object, which would then learn every batch
+    twice.
     """
     import psutil
     from tvm.s_tir import meta_schedule as ms
@@ -298,6 +306,11 @@ def tune(
         if isinstance(search, str)
         else search
     )
+    if strategy is not None and cost_model is getattr(strategy, "cost_model", None):
+        raise GradtuneError(
+            "the task scheduler's cost model is the gradient search's own object: give it a "
+            "separate one"
+        )
     session = Session()
     if strategy is not None:
         strategy.attach(session)
@@ -354,7 +367,7 @@ def tune(
                     builder=builder,
                     runner=runner,
                     database=database,
-                    cost_model="xgb",
+                    cost_model=cost_model,
                     measure_callbacks=callbacks,
                     task_scheduler="gradient",
                 )

@@ -126,3 +126,18 @@ def bench_on_path():
     sys.path.insert(0, str(BENCH))
     yield
     sys.path.remove(str(BENCH))
+
+
+def assert_bench_refuses(script: str, tmp_path: Path, args: list[str], says: str) -> None:
+    """``bench/<script> --work … --out … args`` exits non-zero with one line on stderr that
+    contains ``says``, prints nothing else, and writes nothing."""
+    done = subprocess.run(
+        [sys.executable, str(BENCH / script), "--work", str(tmp_path / "work"),
+         "--out", str(tmp_path / "out"), *args],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode != 0
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+    assert done.stdout == ""
+    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import BENCH, ROOT
+from tests.conftest import assert_bench_refuses
 
 pytestmark = pytest.mark.usefixtures("bench_on_path")
 
@@ -22,16 +20,7 @@ pytestmark = pytest.mark.usefixtures("bench_on_path")
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
-    done = subprocess.run(
-        [sys.executable, str(BENCH / "adatune_ablation.py"), "--work", str(tmp_path / "work"),
-         "--out", str(tmp_path / "out"), *args],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
-    assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0], done.stderr
-    assert done.stdout == ""
-    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+    assert_bench_refuses("adatune_ablation.py", tmp_path, args, says)
 
 
 def test_plan_runs_every_configuration_once_per_model_and_repeat_rotating_the_first():
@@ -43,6 +32,19 @@ def test_plan_runs_every_configuration_once_per_model_and_repeat_rotating_the_fi
     assert len(set(keys)) == len(keys) == 3 * 3 * len(configs)
     firsts = [runs[i][0] for i in range(0, len(runs), len(configs))]
     assert len(set(firsts)) >= 3, "no configuration always goes first"
+
+
+def test_evolutionary_rows_run_metaschedules_search_scored_by_its_xgboost_or_the_ensemble():
+    from adatunebench.layout import CONFIGS, layout_of, plan
+
+    runs = plan(["a"], 1, ["baseline", "evolutionary", "evolutionary_ensemble"])
+    assert {c: s.searcher for c, s in runs} == {
+        "baseline": "gradient", "evolutionary": "evolutionary",
+        "evolutionary_ensemble": "evolutionary",
+    }  # fmt: skip
+    assert [layout_of(Path("w"), 300, c).scheduler_model() for c in CONFIGS].count("xgb") == 6
+    ensemble = layout_of(Path("w"), 300, "evolutionary_ensemble")
+    assert ensemble.scheduler_model() == "ensemble" and ensemble.prepares_ensemble()
 
 
 def _finish(layout, model: str, repeat: int, rounds: list, measure_s: float, trials: int) -> None:

@@ -3,6 +3,7 @@ search tunes with it (its ``update`` fine-tunes on the measured batches, its ``p
 the population), and it saves and loads with the session's measurements."""
 
 import numpy as np
+import pytest
 import torch
 
 from gradtune.costmodel.model import FelixMLP
@@ -63,3 +64,47 @@ def test_evolutionary_search_tunes_with_the_online_cost_model(tiny_model, llvm_t
     np.testing.assert_allclose(fresh.predict(context, candidates), scores, rtol=1e-6)
     assert fresh.source == cost_model.source and fresh.epochs == 3
     assert fresh.data[task.name][1] == latencies
+
+
+def test_tune_scores_evolutionary_search_with_the_ensemble_in_the_schedulers_slot(
+    tiny_model, llvm_target, tmp_path
+):
+    """``tune(cost_model=...)``: MetaSchedule's evolutionary search scores with AdaTune's
+    ensemble instead of its XGBoost (the ablation row), and every member learns from the
+    measured batches."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.search.stoppable import Stoppable
+    from gradtune.tune import count_records, run_database, tune
+
+    _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
+    task = max(tasks, key=lambda t: t.flops)
+    ensemble = OnlineCostModel.ensemble("llvm", epochs=1)
+    before = [[p.detach().clone() for p in m.parameters()] for m in ensemble.members]
+    # MetaSchedule's evolutionary search, with a population small enough for a test.
+    search = Stoppable(ms.search_strategy.EvolutionarySearch(
+        population_size=16, init_min_unmeasured=8, genetic_num_iters=1
+    ))  # fmt: skip
+    with LocalFleet() as tracker:
+        tune([task], llvm_target, tmp_path, tracker, max_trials=8, search=search,
+             trials_per_round=4, cost_model=ensemble)  # fmt: skip
+    assert count_records(run_database(tmp_path)) >= 4
+    programs, latencies = ensemble.data[task.name]
+    assert len(programs) == len(latencies) >= 2, "update featurized the measured candidates"
+    for old, member in zip(before, ensemble.members, strict=True):
+        assert any(not torch.equal(a, b) for a, b in zip(old, member.parameters(), strict=True))
+
+
+def test_the_schedulers_cost_model_is_never_the_gradient_searchs_own(
+    tiny_model, llvm_target, tmp_path
+):
+    from gradtune.errors import GradtuneError
+    from gradtune.search import make_strategy
+    from gradtune.tune import tune
+
+    _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
+    strategy = make_strategy("gradient")
+    with pytest.raises(GradtuneError, match="separate one"):
+        tune(tasks, llvm_target, tmp_path, None, max_trials=4, search=strategy,
+             cost_model=strategy.cost_model)  # fmt: skip

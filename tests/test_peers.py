@@ -100,10 +100,13 @@ def test_peak_is_measured_once_and_cached_per_cpu_and_thread_count(tmp_path):
     peak = roofline.machine_peak(1, path)
     assert peak["gflops"] > 1 and peak["gbps"] > 0.1 and peak["threads"] == 1
     assert "torch.mm" in peak["method"] and "set_num_threads(1)" in peak["method"]
+    # The faster of two GEMM libraries is the peak, and both are on record.
+    assert set(peak["gemm_gflops"]) == {"torch.mm", "onnxruntime MatMul"}
+    assert peak["gflops"] == pytest.approx(max(peak["gemm_gflops"].values()), rel=1e-3)
     assert json.loads(path.read_text()) == {roofline.machine_key(1): peak}
     assert roofline.machine_peak(1, path) == peak  # read back: a new measurement would differ
 
-    other = {"gflops": 123.0, "gbps": 4.5, "method": "seeded"}
+    other = {"gflops": 123.0, "gbps": 4.5, "gemm_gflops": {"x": 123.0}, "method": "seeded"}
     path.write_text(json.dumps({roofline.machine_key(1): peak, roofline.machine_key(7): other}))
     assert roofline.machine_peak(7, path) == other
 

@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-from tests.conftest import BENCH, ROOT
+from tests.conftest import assert_bench_refuses
 
 pytestmark = pytest.mark.usefixtures("bench_on_path")
-
-
-def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(BENCH / "transfer_tuning.py"), "--work", str(tmp_path / "work"),
-         "--out", str(tmp_path / "out"), *args],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -30,12 +18,7 @@ def _bench(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
-    done = _bench(tmp_path, *args)
-    assert done.returncode != 0
-    lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and says in lines[0], done.stderr
-    assert done.stdout == ""
-    assert not (tmp_path / "work").exists() and not (tmp_path / "out").exists()
+    assert_bench_refuses("transfer_tuning.py", tmp_path, args, says)
 
 
 def test_plan_tunes_every_library_before_any_transfer_and_alternates_repeats():
@@ -97,3 +80,43 @@ def test_share_of_full_speedup_is_the_share_of_the_gain_and_none_within_noise(tm
     timing["full-r0@100"] = 2.99  # full tuning gained nothing measurable
     layout.timing("m").write_text(json.dumps({"ms": timing}))
     assert model_metrics(layout, "m")["fraction_of_full_speedup"] is None
+
+
+def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):
+    """The search-efficiency benchmark's default gradient run (same model, budget, seed, cost
+    model, call) is a ``full`` run already made: adopted with its database, its build at the
+    budget and a partition table; a failed one, or one of another batch size, is not."""
+    from searchbench.layout import Layout, RunSpec, write_json
+    from transferbench.layout import FULL, TransferLayout
+    from transferbench.step import adopt, search_efficiency_run
+
+    peer, layout = Layout(tmp_path, 480), TransferLayout(tmp_path, 480)
+    full = RunSpec("mbconv_se", FULL, 1)
+    assert search_efficiency_run(full, layout) is None
+    twin = RunSpec("mbconv_se", "gradient", 1)
+    source = peer.run_dir(twin)
+    for folder in ("db", "db_at_100"):
+        (source / folder).mkdir(parents=True)
+        (source / folder / "database_tuning_record.json").write_text("{}\n")
+    (source / "model_at_100.so").write_bytes(b"lib")
+    result = {"model": "mbconv_se", "searcher": "gradient", "repeat": 1, "run_id": "gradient-r1",
+              "per_round_is_default": True, "wall_s": 481.0, "commit": "abc1234",
+              "rounds": [{"wall_s": 100.0, "estimated_us": 900.0, "trials": 25}],
+              "builds": {"25": {"library": "model_at_25.so"},
+                         "100": {"library": "model_at_100.so", "records": 25}}}  # fmt: skip
+    write_json(peer.result(twin), result | {"error": "boom"})
+    assert search_efficiency_run(full, layout) is None, "a failed run is not adopted"
+    write_json(peer.result(twin), result | {"per_round_is_default": False})
+    assert search_efficiency_run(full, layout) is None, "another batch size is another run"
+    write_json(peer.result(twin), result)
+    assert search_efficiency_run(full, layout) == source
+
+    adopted = adopt(full, layout, source, tasks=[])
+    run_dir = layout.run_dir(full)
+    assert (run_dir / "db" / "database_tuning_record.json").is_file()
+    assert (run_dir / "db_at_100" / "database_tuning_record.json").is_file()
+    assert (run_dir / "model_at_100.so").read_bytes() == b"lib"
+    assert adopted["searcher"] == FULL and adopted["run_id"] == "full-r1"
+    assert adopted["builds"] == {"100": result["builds"]["100"]}
+    assert adopted["final_estimated_us"] == 900.0 and adopted["commit"] == "abc1234"
+    assert adopted["adopted_from"] == str(source)

@@ -1,19 +1,22 @@
 """The ablation's configurations, where their runs live, and the order they run in.
 
 A configuration is a ``GradientConfig`` ablation plus a measurement mode, added one at a time
-as in AdaTune's Fig. 10–11, and the adaptive evaluator alone::
+as in AdaTune's Fig. 10–11, and the adaptive evaluator alone; then MetaSchedule's
+evolutionary search as it ships and scoring with the ensemble instead of its XGBoost::
 
-    baseline        Felix's score, explore 1/8           fixed measurement
-    ensemble_ei     + deep ensemble, log EI              fixed
-    contextual      + contextual ε (Eq. 3)               fixed
-    full            + adaptive evaluator                 adaptive
-    adaptive_only   Felix's score, explore 1/8           adaptive
+    baseline               the default gradient search (hybrid)  fixed measurement
+    ensemble_ei            + deep ensemble, log EI               fixed
+    contextual             + contextual ε (Eq. 3)                fixed
+    full                   + adaptive evaluator                  adaptive
+    adaptive_only          the default gradient search           adaptive
+    evolutionary           MetaSchedule's, its XGBoost           fixed
+    evolutionary_ensemble  MetaSchedule's, the ensemble          fixed
 
 It shares the search-efficiency benchmark's work dir, models and run machinery
 (``searchbench``); its own runs live under ``<budget>s-adatune/``::
 
     work/<budget>s-adatune/prepared/<model>.json            leave-out model and ensemble
-    work/<budget>s-adatune/<config>/runs/<model>/gradient-r<i>/
+    work/<budget>s-adatune/<config>/runs/<model>/<searcher>-r<i>/
     work/<budget>s-adatune/timing/<model>.json              every config's libraries, interleaved
 """
 
@@ -21,19 +24,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from searchbench.layout import Layout, RunSpec
 
-# name → (GradientConfig fields, measurement mode)
-CONFIGS: dict[str, tuple[str, str]] = {
-    "baseline": ("", "fixed"),
-    "ensemble_ei": ("acquisition=ei", "fixed"),
-    "contextual": ("acquisition=ei,contextual_explore=True", "fixed"),
-    "full": ("acquisition=ei,contextual_explore=True", "adaptive"),
-    "adaptive_only": ("", "adaptive"),
+
+class Config(NamedTuple):
+    gradient: str  # GradientConfig fields (``--gradient-config``)
+    measure: str  # fixed | adaptive
+    searcher: str = "gradient"
+    scheduler: str = "xgb"  # the task scheduler's cost model (``api.scheduler_cost_model``)
+
+
+CONFIGS: dict[str, Config] = {
+    "baseline": Config("", "fixed"),
+    "ensemble_ei": Config("acquisition=ei", "fixed"),
+    "contextual": Config("acquisition=ei,contextual_explore=True", "fixed"),
+    "full": Config("acquisition=ei,contextual_explore=True", "adaptive"),
+    "adaptive_only": Config("", "adaptive"),
+    "evolutionary": Config("", "fixed", "evolutionary"),
+    "evolutionary_ensemble": Config("", "fixed", "evolutionary", "ensemble"),
 }
 BASELINE, FULL, ADAPTIVE_ONLY = "baseline", "full", "adaptive_only"
-SEARCHER = "gradient"  # every configuration is the gradient search
 
 
 @dataclass(frozen=True)
@@ -60,13 +72,15 @@ class AdaLayout(Layout):
     def prepares_ensemble(self) -> bool:
         return True  # one preparation serves every configuration, the ensemble ones included
 
+    def scheduler_model(self) -> str:
+        return CONFIGS[self.config].scheduler
+
     def child_args(self) -> list[str]:
         return ["--budget", f"{self.budget:g}", "--work", str(self.work), "--config", self.config]
 
 
 def layout_of(work: Path, budget: float, config: str) -> AdaLayout:
-    gradient, measure = CONFIGS[config]
-    return AdaLayout(work, budget, gradient, measure, config)
+    return AdaLayout(work, budget, CONFIGS[config].gradient, CONFIGS[config].measure, config)
 
 
 def plan(models: list[str], repeats: int, configs: list[str]) -> list[tuple[str, RunSpec]]:
@@ -78,5 +92,5 @@ def plan(models: list[str], repeats: int, configs: list[str]) -> list[tuple[str,
         for i, model in enumerate(models):
             shift = (i + repeat) % len(configs)
             for config in configs[shift:] + configs[:shift]:
-                runs.append((config, RunSpec(model, SEARCHER, repeat)))
+                runs.append((config, RunSpec(model, CONFIGS[config].searcher, repeat)))
     return runs

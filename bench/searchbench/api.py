@@ -124,6 +124,19 @@ def make_searcher(
     return make_strategy(name, target_kind)
 
 
+def scheduler_cost_model(name: str, target_kind: str, ensemble: Path | None) -> Any:
+    """The task scheduler's cost model: ``xgb`` (MetaSchedule's, what the CLI runs) or
+    ``ensemble``, the leave-out deep ensemble at ``ensemble`` as a ``PyCostModel`` (a fresh
+    object, apart from any the gradient search holds)."""
+    if name == "xgb":
+        return "xgb"
+    if name == "ensemble" and ensemble is not None:
+        from gradtune.costmodel.online import OnlineCostModel
+
+        return OnlineCostModel.ensemble(target_kind, path=ensemble)
+    raise ValueError(f"no scheduler cost model {name!r} (with ensemble {ensemble})")
+
+
 @contextmanager
 def local_fleet() -> Iterator[Any]:
     """The CLI's default device: a local RPC tracker with one server, stopped on exit."""
@@ -145,17 +158,18 @@ def tune(
     on_round: Callable[[Any], None],
     warm_start: Callable[[Any, Any, Any, int], int] | None = None,
     measure: str = "fixed",
+    cost_model: Any = "xgb",
 ) -> Any:
     """``gradtune tune --time-budget BUDGET --trials 5000 --seed SEED --measure MEASURE`` on
     ``tasks``; ``warm_start`` is what ``--warm-start`` adds (``strategy`` None: ``gradtune
-    transfer``)."""
+    transfer``); ``cost_model`` the task scheduler's (``scheduler_cost_model``)."""
     from gradtune.measure.runner import MeasureSettings
     from gradtune.tune import tune as gradtune_tune
 
     return gradtune_tune(
         tasks, target, work_dir, tracker, max_trials=CLI_TRIALS, time_budget=budget,
         search=strategy, trials_per_round=trials_per_round, seed=seed, on_round=on_round,
-        warm_start=warm_start, measure=MeasureSettings(mode=measure),
+        warm_start=warm_start, measure=MeasureSettings(mode=measure), cost_model=cost_model,
     )  # fmt: skip
 
 
@@ -199,13 +213,17 @@ def build_verify_export(
     return error
 
 
-def time_libraries(libraries: dict[str, Path], inputs: list[Any], target: Any) -> dict[str, float]:
-    """Median ms per inference of each exported library, timed interleaved in this process."""
+def time_libraries(
+    libraries: dict[str, Path], inputs: list[Any], target: Any,
+    extra: dict[str, Callable[[], Any]] | None = None,
+) -> dict[str, float]:  # fmt: skip
+    """Median ms per inference of each exported library (and of each ``extra`` call: a peer),
+    timed interleaved in this process."""
     import tvm
 
     from gradtune import compilation
 
-    calls = {}
+    calls = dict(extra or {})
     for label, path in libraries.items():
         vm, dev = compilation.load_exported(path, target)
         args = [tvm.runtime.tensor(x, dev) for x in inputs]

@@ -118,6 +118,10 @@ class Layout:
         """Whether preparing a model pretrains its leave-out ensemble too."""
         return self.needs_ensemble()
 
+    def scheduler_model(self) -> str:
+        """The task scheduler's cost model (``api.scheduler_cost_model``): the CLI's XGBoost."""
+        return "xgb"
+
     @property
     def costmodels(self) -> Path:
         return self.work / "costmodels"

@@ -57,6 +57,14 @@ def machine(target: dict[str, Any] | None) -> dict[str, Any]:
     return {"cpu": cpu, "logical_cores": os.cpu_count(), "target": target}
 
 
+def conditions(commit: str, m: dict[str, Any]) -> str:
+    """The sentence every results file starts with: the code, the CPU and the target."""
+    return (
+        f"Commit {commit}; CPU {m['cpu']} ({m['logical_cores']} logical cores); target "
+        f"`{json.dumps(m['target'])}`."
+    )
+
+
 def batch_of(result: dict[str, Any]) -> int:
     """A run's batch size as planned: 0 for the CLI's default, else the size it was given."""
     return 0 if result["per_round_is_default"] else result["per_round"]

@@ -39,11 +39,13 @@ def tune_until_deadline(
     spec: RunSpec, tasks: list[Any], target: Any, tracker: Any, budget: float, run_dir: Path,
     weights: Path | None, gradient: dict[str, Any] | None = None,
     warm_start: Any = None, search: bool = True, measure: str = "fixed",
+    cost_model: Any = "xgb",
 ) -> dict[str, Any]:  # fmt: skip
     """Tune; returns the rounds (wall-clock stamped), wall time and the searcher's summary.
 
     ``warm_start`` (``transfer.run.Transfer``) measures transferred schedules before the
-    search, inside the clock; ``search`` False: nothing else (a transfer, no deadline)."""
+    search, inside the clock; ``search`` False: nothing else (a transfer, no deadline);
+    ``cost_model`` the task scheduler's (``api.scheduler_cost_model``)."""
     strategy = (
         api.make_searcher(spec.searcher, target.kind.name, weights, gradient) if search else None
     )
@@ -66,7 +68,7 @@ def tune_until_deadline(
         result = api.tune(
             tasks, target, run_dir / DB, tracker, budget, strategy, seed=spec.repeat,
             trials_per_round=spec.per_round, on_round=on_round, warm_start=warm_start,
-            measure=measure,
+            measure=measure, cost_model=cost_model,
         )  # fmt: skip
     finally:
         if timer is not None:
@@ -160,11 +162,14 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
     weights = None
     if spec.searcher == "gradient":
         weights = Path(prepared["ensemble"] if layout.needs_ensemble() else prepared["weights"])
+    scheduler = layout.scheduler_model()
+    ensemble = Path(prepared["ensemble"]) if prepared.get("ensemble") else None
     with api.local_fleet() as tracker:
         tuned = tune_until_deadline(
             spec, tasks, target, tracker, layout.budget, run_dir, weights,
             layout.gradient_kwargs() if spec.searcher == "gradient" else None,
             measure=layout.measure,
+            cost_model=api.scheduler_cost_model(scheduler, target.kind.name, ensemble),
         )  # fmt: skip
     load_after = os.getloadavg()
     records = record_count(run_dir)
@@ -180,6 +185,12 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
         "tasks": len(tasks),
         "target": config,
         "cost_model": str(weights) if weights else "xgb (MetaSchedule default, from nothing)",
+        # What the task scheduler (evolutionary search, the hybrid's explorer) scores with.
+        "scheduler_cost_model": (
+            "xgb (MetaSchedule default, from nothing)"
+            if scheduler == "xgb"
+            else f"{scheduler}: {ensemble}"
+        ),
         "gradient_config": layout.gradient_config if spec.searcher == "gradient" else "",
         **tuned,
         "records_in_db": records,

@@ -73,6 +73,9 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
     imported = api.import_model(MODELS[spec.model].tuning_file(layout.work))
     fused, tasks = api.partition_model(imported, target)
     db = run_dir / searchrun.DB
+    source = search_efficiency_run(spec, layout) if spec.searcher == FULL else None
+    if source is not None:
+        return adopt(spec, layout, source, tasks)
     db.mkdir(parents=True, exist_ok=True)
     # The partition table names each workload's kernel class: what a library reads.
     write_task_table(db, tasks)
@@ -139,4 +142,54 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(started)),
         "seconds_total": round(time.time() - started, 1),
         "commit": git_commit(),
+    }
+
+
+def search_efficiency_run(spec: RunSpec, layout: TransferLayout) -> Path | None:
+    """The search-efficiency benchmark's run that a ``full`` run would repeat, if it finished:
+    the default gradient search on the same model, budget, seed and leave-out cost model,
+    through the same call (``tune_until_deadline``), with the default batch and fixed
+    measurement. ``bench/search_efficiency.py`` in the same work dir leaves these behind."""
+    from searchbench.layout import Layout
+
+    peer = Layout(layout.work, layout.budget)
+    twin = RunSpec(spec.model, "gradient", spec.repeat)
+    if not peer.finished(twin):
+        return None
+    result = json.loads(peer.result(twin).read_text())
+    if "error" in result or not result.get("per_round_is_default", True):
+        return None
+    if "library" not in result.get("builds", {}).get(FINAL, {}):
+        return None
+    return peer.run_dir(twin)
+
+
+def adopt(spec: RunSpec, layout: TransferLayout, source: Path, tasks: list[Any]) -> dict[str, Any]:
+    """A ``full`` run made of the search-efficiency run at ``source``: its database, its build
+    at the budget and its result, with the partition table a library reads added."""
+    from gradtune.transfer.library import TASK_TABLE, write_task_table
+    from gradtune.tune import estimate_model_us
+
+    run_dir = layout.run_dir(spec)
+    final = f"db_at_{FINAL}"
+    for folder in (searchrun.DB, final):
+        if (source / folder).is_dir():
+            shutil.copytree(source / folder, run_dir / folder, dirs_exist_ok=True)
+    write_task_table(run_dir / searchrun.DB, tasks)
+    shutil.copyfile(run_dir / searchrun.DB / TASK_TABLE, run_dir / final / TASK_TABLE)
+    result = json.loads((source / "result.json").read_text())
+    build = result["builds"][FINAL]
+    shutil.copyfile(source / build["library"], run_dir / build["library"])
+    print(f"{spec.model} {spec.run_id}: adopted {source} (the same run, already made)", flush=True)
+    final_us = searchrun.estimate_by(result["rounds"], layout.budget)
+    return {
+        **{k: v for k, v in result.items() if k != "builds"},
+        "searcher": spec.searcher,
+        "run_id": spec.run_id,
+        "library": [],
+        "transfer": None,
+        "untuned_estimated_us": estimate_model_us(tasks, {}),
+        "final_estimated_us": final_us if final_us is not None else estimate_model_us(tasks, {}),
+        "builds": {FINAL: build},
+        "adopted_from": str(source),
     }

@@ -1,0 +1,364 @@
+"""Weight prepacking: does MetaSchedule's weight layout rewrite give faster kernels on this CPU?
+
+Issue 19 asks what the search space and the compilation lack against ONNX Runtime, whose
+convolutions read weights prepacked for its kernels (MLAS's NCHWc). MetaSchedule has the same
+idea, Ansor's: a weight marked layout-free may be stored in the order the tuned loop nest
+reads it (the ``RewriteLayout`` postprocessor). gradtune leaves it off by default; with
+``partition(weight_prepack=True)`` the weights are marked and ``compilation.build`` folds the
+rewrite into them at compile time. This benchmark weighs it, nothing else changed.
+
+Protocol:
+
+1. **Models** (``searchbench.models``): by default mbconv_se (in no zoo; depthwise and 1×1
+   convolutions, a squeeze-excitation head) and bert_block (in no zoo; dense layers).
+2. **Tasks**: the ``--tasks`` tasks with the most FLOPs (weight × FLOPs per call); the same
+   kernels in both variants, lined up by that rank.
+3. **Runs**: per (model, variant, repeat), in a fresh process, from an empty database:
+   ``tune`` of those tasks with ``--search`` (MetaSchedule's evolutionary search by default:
+   the question is the design space, not gradtune's search) and ``--trials`` trials per task,
+   seed = repeat, the CLI's builder, local RPC fleet and batch. The variants alternate which
+   goes first from one repeat to the next. The whole model is then compiled with the database
+   (the other tasks untuned, alike in both), its outputs checked, its library exported.
+4. **Metrics**: per task, the median over repeats of the best measured µs, and the ratio
+   plain / prepack; per model, the geomean of those ratios, and the end-to-end ms of every
+   library and of ONNX Runtime (on the target's core count), timed interleaved in one
+   process, medians over repeats.
+
+    .venv/bin/python bench/weight_prepack.py [--models mbconv_se bert_block] [--tasks 3]
+                                             [--trials 64] [--repeats 3]
+    .venv/bin/python bench/weight_prepack.py --render    # re-analyse the saved runs
+
+Resumable: a finished run's ``result.json`` is kept; a run without one is redone from
+nothing. Writes ``--out``/weight_prepack.{md,json} (PARTIAL until every run finished); the
+last line printed is one JSON object: ``{"models": {name: {"kernel_ratio", "e2e_ratio",
+"e2e_ms", "repeats"}}, "geomean_kernel_ratio", "geomean_e2e_ratio", "partial", "commit"}``
+(ratios plain / prepack: above 1 prepacking is faster).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from searchbench.analysis import geomean
+from searchbench.layout import write_json
+from searchbench.models import MODELS, ROOT
+from searchbench.report import conditions, git_commit, machine
+
+VARIANTS = ("plain", "prepack")
+DEFAULT_MODELS = ("mbconv_se", "bert_block")
+ORT = "ONNX Runtime"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), metavar="MODEL",
+                        help=f"of {', '.join(MODELS)}")  # fmt: skip
+    parser.add_argument("--tasks", type=int, default=3, help="tasks tuned per model")
+    parser.add_argument("--trials", type=int, default=64, help="trials per task")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--search", default="evolutionary", choices=("evolutionary", "gradient"))
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "weight_prepack")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--render", action="store_true", help="only re-analyse saved runs")
+    parser.add_argument("--one", nargs=3, metavar=("MODEL", "VARIANT", "REPEAT"),
+                        help=argparse.SUPPRESS)  # fmt: skip
+    parser.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
+    return parser.parse_args(argv)
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line; None if nothing."""
+    unknown = [m for m in args.models if m not in MODELS]
+    if unknown:
+        return f"unknown model {', '.join(unknown)} (choose from {', '.join(MODELS)})"
+    if min(args.tasks, args.trials, args.repeats) < 1:
+        return "--tasks, --trials and --repeats must be at least 1"
+    return None
+
+
+def root(args: argparse.Namespace) -> Path:
+    """Runs of one setting live apart from any other's."""
+    return args.work / f"{args.search}-{args.tasks}tasks-{args.trials}trials"
+
+
+def run_dir(args: argparse.Namespace, model: str, variant: str, repeat: int) -> Path:
+    return root(args) / model / f"{variant}-r{repeat}"
+
+
+def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
+    """(model, variant, repeat): repeat-major, the variant going first alternating."""
+    runs = []
+    for repeat in range(args.repeats):
+        for i, model in enumerate(args.models):
+            order = VARIANTS if (i + repeat) % 2 == 0 else VARIANTS[::-1]
+            runs += [(model, variant, repeat) for variant in order]
+    return runs
+
+
+# --------------------------------------------------------------------------- one run (child)
+
+
+def ranked(tasks: list[Any], count: int) -> list[Any]:
+    """The ``count`` tasks with the most FLOPs per inference, largest first: the same kernels
+    whatever the variant (their names may differ)."""
+    return sorted(tasks, key=lambda t: (-t.weight * t.flops, t.kernel_class))[:count]
+
+
+def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict[str, Any]:
+    from searchbench import api
+
+    from gradtune import compilation
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.partition import partition
+    from gradtune.tune import best_from_database, run_database, tune
+
+    config, target = api.host_target()
+    imported = api.import_model(MODELS[model].tuning_file(args.work))
+    fused, tasks = partition(imported.mod, imported.params, target, variant == "prepack")
+    chosen = ranked(tasks, args.tasks)
+    out = run_dir(args, model, variant, repeat)
+    start = time.perf_counter()
+    with LocalFleet() as tracker:
+        result = tune(chosen, target, out / "db", tracker, max_trials=args.trials * len(chosen),
+                      search=args.search, seed=repeat)  # fmt: skip
+    seconds = time.perf_counter() - start
+    database = run_database(out / "db")
+    best = best_from_database(database, chosen)
+    executable = compilation.build(fused, target, database)
+    runner = compilation.Runner(executable, target, imported.inputs)
+    error = compilation.verify(runner.outputs(), imported.reference_outputs, f"{model} {variant}")
+    compilation.export(executable, out / "model.so")
+    return {
+        "model": model, "variant": variant, "repeat": repeat, "search": args.search,
+        "target": config,
+        "tasks": [
+            {"rank": i, "name": t.name, "kernel_class": t.kernel_class, "weight": t.weight,
+             "mflops": round(t.flops / 1e6, 3), "untuned_us": t.untuned_us,
+             "best_us": best.get(t.name)}
+            for i, t in enumerate(chosen)
+        ],
+        "trials": result.trials, "tuning_seconds": round(seconds, 1), "max_abs_err": error,
+        "library": "model.so", "commit": git_commit(),
+    }  # fmt: skip
+
+
+def time_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
+    """Child: every finished run's library of ``model`` and ONNX Runtime, interleaved."""
+    from searchbench import api
+
+    from gradtune import peers
+    from gradtune.pipeline import peer_threads
+
+    config, target = api.host_target()
+    imported = api.import_model(MODELS[model].tuning_file(args.work))
+    libraries = {
+        f"{variant}-r{repeat}": run_dir(args, model, variant, repeat) / "model.so"
+        for m, variant, repeat in plan(args)
+        if m == model and (run_dir(args, model, variant, repeat) / "result.json").is_file()
+    }
+    threads = peer_threads(config)
+    feed = dict(zip(imported.input_names, imported.inputs, strict=True))
+    onnx_bytes, onnx_error = peers.onnx_of(imported)
+    ort = peers.checked(ORT, lambda: peers.ort_runner(onnx_bytes, feed, threads), imported,
+                        onnx_error)  # fmt: skip
+    extra = {ORT: ort.run} if ort.run is not None else {}
+    ms = api.time_libraries(libraries, imported.inputs, target, extra)
+    return {"model": model, "ms": ms, "ort_error": ort.error, "threads": threads,
+            "date": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
+
+
+# --------------------------------------------------------------------------- orchestration
+
+
+def child(args: argparse.Namespace, extra: list[str], log: Path) -> int:
+    argv = [sys.executable, str(Path(__file__).resolve()), "--work", str(args.work),
+            "--tasks", str(args.tasks), "--trials", str(args.trials), "--search", args.search,
+            "--repeats", str(args.repeats), "--models", *args.models, *extra]  # fmt: skip
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a") as out:
+        return subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
+
+
+def orchestrate(args: argparse.Namespace) -> None:
+    for model, variant, repeat in plan(args):
+        out = run_dir(args, model, variant, repeat)
+        if (out / "result.json").is_file():
+            continue
+        shutil.rmtree(out, ignore_errors=True)  # half a run: from nothing, so trials are equal
+        print(f"{model} {variant}-r{repeat}: tuning", flush=True)
+        code = child(args, ["--one", model, variant, str(repeat)], out.parent / "logs.txt")
+        if not (out / "result.json").is_file():
+            print(f"{model} {variant}-r{repeat}: failed (exit {code}); see {out.parent}/logs.txt",
+                  flush=True)  # fmt: skip
+    for model in args.models:
+        print(f"{model}: timing the libraries and ONNX Runtime interleaved", flush=True)
+        child(args, ["--time", model], root(args) / model / "logs.txt")
+
+
+# --------------------------------------------------------------------------- results
+
+
+def median_or_none(values: list[float]) -> float | None:
+    values = [v for v in values if v]
+    return statistics.median(values) if values else None
+
+
+def task_rows(results: dict[tuple[str, int], dict], count: int) -> list[dict[str, Any]]:
+    """Per task rank: each variant's median best µs over its runs, and plain / prepack."""
+    rows = []
+    for rank in range(count):
+        found = [(v, r["tasks"][rank]) for (v, _), r in results.items() if rank < len(r["tasks"])]
+        if not found:
+            continue
+        row: dict[str, Any] = {"kernel_class": found[0][1]["kernel_class"],
+                               "mflops": found[0][1]["mflops"]}  # fmt: skip
+        for variant in VARIANTS:
+            best = [t["best_us"] for v, t in found if v == variant and t["best_us"]]
+            row[variant], row[f"{variant}_runs"] = median_or_none(best), len(best)
+        both = row["plain"] and row["prepack"]
+        row["ratio"] = row["plain"] / row["prepack"] if both else None
+        rows.append(row)
+    return rows
+
+
+def gather(args: argparse.Namespace) -> dict[str, Any]:
+    data: dict[str, Any] = {"models": {}}
+    commits: set[str] = set()
+    target = None
+    runs = plan(args)
+    finished = 0
+    for model in args.models:
+        results = {}
+        for m, variant, repeat in runs:
+            path = run_dir(args, m, variant, repeat) / "result.json"
+            if m == model and path.is_file():
+                results[(variant, repeat)] = json.loads(path.read_text())
+        finished += len(results)
+        if not results:
+            continue
+        target = target or next(iter(results.values()))["target"]
+        commits |= {r["commit"] for r in results.values()}
+        tasks = task_rows(results, args.tasks)
+        timing_path = root(args) / model / "timing.json"
+        ms = json.loads(timing_path.read_text())["ms"] if timing_path.is_file() else {}
+        e2e = {
+            v: median_or_none([x for label, x in ms.items() if label.startswith(f"{v}-")])
+            for v in VARIANTS
+        }
+        e2e[ORT] = ms.get(ORT)
+        seconds = {
+            v: median_or_none([r["tuning_seconds"] for (w, _), r in results.items() if w == v])
+            for v in VARIANTS
+        }
+        data["models"][model] = {
+            "tasks": tasks,
+            "kernel_ratio": geomean([t["ratio"] for t in tasks if t["ratio"]]),
+            "e2e_ms": e2e,
+            "e2e_ratio": e2e["plain"] / e2e["prepack"] if e2e["plain"] and e2e["prepack"] else None,
+            "repeats": min((t[f"{v}_runs"] for t in tasks for v in VARIANTS), default=0),
+            "tuning_seconds": seconds,
+        }
+    data["partial"] = finished < len(runs)
+    data["commit"] = ", ".join(sorted(commits)) or git_commit()
+    data["machine"] = machine(target)
+    return data
+
+
+def fmt(value: float | None, spec: str = ".2f") -> str:
+    return "–" if value is None else format(value, spec)
+
+
+def markdown(args: argparse.Namespace, data: dict[str, Any]) -> str:
+    m = data["machine"]
+    lines = [
+        "# Weight prepacking (MetaSchedule's layout rewrite) against plain weights"
+        + (" (PARTIAL)" if data["partial"] else ""),
+        "",
+        conditions(data["commit"], m) + f" Per model the {args.tasks} tasks with the most FLOPs, "
+        f"tuned by {args.search} search for {args.trials} trials each from an empty database, "
+        f"{args.repeats} repeats per variant; medians. Ratio = plain / prepack: above 1 "
+        "prepacking is faster. End-to-end: the whole model compiled with that database (other "
+        "tasks untuned, alike), every library and ONNX Runtime timed interleaved in one process.",
+        "",
+        "| model | task (rank by FLOPs) | MFLOP | plain µs | prepack µs | plain / prepack |",
+        "|---|---|---:|---:|---:|---:|",
+    ]
+    for name, model in data["models"].items():
+        for rank, t in enumerate(model["tasks"]):
+            lines.append(f"| {name} | {rank}: {t['kernel_class']} | {t['mflops']:.2f} | "
+                         f"{fmt(t['plain'], '.1f')} | {fmt(t['prepack'], '.1f')} | "
+                         f"{fmt(t['ratio'])} |")  # fmt: skip
+    lines += [
+        "",
+        "| model | repeats | kernels: geomean plain / prepack | e2e ms plain | e2e ms prepack "
+        "| e2e plain / prepack | ONNX Runtime ms | tuning s plain / prepack |",
+        "|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for name, model in data["models"].items():
+        e2e, secs = model["e2e_ms"], model["tuning_seconds"]
+        lines.append(
+            f"| {name} | {model['repeats']} | {fmt(model['kernel_ratio'])} | "
+            f"{fmt(e2e['plain'], '.4f')} | {fmt(e2e['prepack'], '.4f')} | "
+            f"{fmt(model['e2e_ratio'])} | {fmt(e2e[ORT], '.4f')} | "
+            f"{fmt(secs.get('plain'), '.0f')} / {fmt(secs.get('prepack'), '.0f')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def summary_line(data: dict[str, Any]) -> dict[str, Any]:
+    models = data["models"]
+    return {
+        "models": {
+            name: {k: m[k] for k in ("kernel_ratio", "e2e_ratio", "e2e_ms", "repeats")}
+            for name, m in models.items()
+        },
+        "geomean_kernel_ratio": geomean(
+            [m["kernel_ratio"] for m in models.values() if m["kernel_ratio"]]
+        ),  # fmt: skip
+        "geomean_e2e_ratio": geomean([m["e2e_ratio"] for m in models.values() if m["e2e_ratio"]]),
+        "partial": data["partial"],
+        "commit": data["commit"],
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    problem = check(args)
+    if problem:
+        print(f"weight_prepack: {problem}", file=sys.stderr)
+        return 2
+    args.work = args.work.resolve()
+    if args.one:
+        model, variant, repeat = args.one
+        result = one(args, model, variant, int(repeat))
+        write_json(run_dir(args, model, variant, int(repeat)) / "result.json", result)
+        return 0
+    if args.time:
+        write_json(root(args) / args.time / "timing.json", time_model(args, args.time))
+        return 0
+    if not args.render:
+        try:
+            orchestrate(args)
+        except KeyboardInterrupt:
+            print("weight_prepack: interrupted; rerun the same command to resume", flush=True)
+            return 130
+    data = gather(args)
+    text = markdown(args, data)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "weight_prepack.md").write_text(text)
+    write_json(args.out / "weight_prepack.json", data)
+    print(text)
+    print(json.dumps(summary_line(data)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -120,6 +120,7 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
     from gradtune.partition import partition
     from gradtune.tune import best_from_database, run_database, tune
 
+    commit = git_commit()  # the code that runs, whatever is committed while it does
     config, target = api.host_target()
     imported = api.import_model(MODELS[model].tuning_file(args.work))
     fused, tasks = partition(imported.mod, imported.params, target, variant == "prepack")
@@ -146,7 +147,7 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
             for i, t in enumerate(chosen)
         ],
         "trials": result.trials, "tuning_seconds": round(seconds, 1), "max_abs_err": error,
-        "library": "model.so", "commit": git_commit(),
+        "library": "model.so", "commit": commit,
     }  # fmt: skip
 
 

@@ -97,7 +97,13 @@ def operator_family(kernel_class: str) -> str:
     return OTHER_FAMILY
 
 
-def prepare(mod: Any, params: dict[str, Any], target: Any, weight_prepack: bool = False) -> Any:
+def prepare(
+    mod: Any,
+    params: dict[str, Any],
+    target: Any,
+    weight_prepack: bool = False,
+    fast_math: bool = False,
+) -> Any:
     """Bind weights, lower to fused TIR (the form both task extraction and compile consume).
 
     ``extract_tasks`` on a freshly imported module finds nothing; it needs the decomposition
@@ -111,6 +117,9 @@ def prepare(mod: Any, params: dict[str, Any], target: Any, weight_prepack: bool 
     constants at compile time: TVM's ``cpu_weight_prepack``, without its change of the
     module's interface, because gradtune's weights are constants rather than inputs. The mark
     is part of each task's workload, so records tuned with and without it never mix.
+
+    ``fast_math``: sigmoid (and so SiLU) legalized as ``1 / (1 + fast_exp(-x))``, vectorizable,
+    instead of a scalar ``expf`` call per element (``fast_math.py`` says why and what it costs).
     """
     import tvm
     from tvm import relax
@@ -122,7 +131,12 @@ def prepare(mod: Any, params: dict[str, Any], target: Any, weight_prepack: bool 
         mod = relax.transform.BindParams("main", params)(mod)
     seq = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
     with target:
-        seq += pipeline.library_dispatch_passes(target) + pipeline.legalize_passes(target)
+        seq += pipeline.library_dispatch_passes(target)
+        if fast_math:
+            from .fast_math import legalize_pass
+
+            seq.append(legalize_pass())
+        seq += pipeline.legalize_passes(target)
         if weight_prepack:
             seq.append(relax.transform.AttachAttrLayoutFreeBuffers())
         return tvm.transform.Sequential(seq)(mod)
@@ -176,11 +190,15 @@ def measure_untuned(tasks: list[TuningTask], target: Any, repeat: int = 5) -> No
 
 
 def partition(
-    mod: Any, params: dict[str, Any], target: Any, weight_prepack: bool = False
+    mod: Any,
+    params: dict[str, Any],
+    target: Any,
+    weight_prepack: bool = False,
+    fast_math: bool = False,
 ) -> tuple[Any, list[TuningTask]]:
     """Fused module + its tuning tasks, with untuned per-call latencies measured
-    (``weight_prepack``: see ``prepare``)."""
-    fused = prepare(mod, params, target, weight_prepack)
+    (``weight_prepack``, ``fast_math``: see ``prepare``)."""
+    fused = prepare(mod, params, target, weight_prepack, fast_math)
     tasks = extract(fused, target)
     measure_untuned(tasks, target)
     return fused, tasks

@@ -80,3 +80,32 @@ def test_weight_prepack_is_refused_for_a_gpu_target(tiny_model):
     cuda = make_target(parse_target("cuda"))
     with pytest.raises(GradtuneError, match="CPU targets"):
         prepare(tiny_model.mod, tiny_model.params, cuda, weight_prepack=True)
+
+
+def test_fast_math_legalizes_sigmoid_without_libm_and_keeps_the_outputs(llvm_target, tmp_path):
+    """``fast_math``: a SiLU epilogue becomes ``x / (1 + fast_exp(-x))`` (no scalar ``expf``
+    per element) and the model still matches its reference outputs."""
+    from gradtune.frontend import load_model
+    from gradtune.partition import extract
+
+    source = tmp_path / "silu_cnn.py"
+    source.write_text(
+        "import torch\n"
+        "from torch import nn\n\n\n"
+        "def get_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.Sigmoid())\n"
+        "    return model.eval(), (3 * torch.randn(1, 3, 8, 8),)\n"
+    )
+    model = load_model(source)
+    names = {
+        fast: [t.name for t in extract(prepare(model.mod, model.params, llvm_target,
+                                               fast_math=fast), llvm_target)]
+        for fast in (False, True)
+    }  # fmt: skip
+    assert any("tir_sigmoid" in n for n in names[False])
+    assert not any("tir_sigmoid" in n for n in names[True])
+    assert any("fast_sigmoid" in n for n in names[True])
+    fused = prepare(model.mod, model.params, llvm_target, fast_math=True)
+    runner = compilation.Runner(compilation.build(fused, llvm_target), llvm_target, model.inputs)
+    assert compilation.verify(runner.outputs(), model.reference_outputs, "fast math") < 1e-5

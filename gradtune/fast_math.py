@@ -1,0 +1,36 @@
+"""Vectorizable approximations of the transcendental functions fused into kernels' epilogues.
+
+TVM lowers ``relax.sigmoid`` (and with it SiLU, ``x * sigmoid(x)``) to ``tir.sigmoid``, which
+LLVM turns into one scalar ``expf`` call per element: no schedule can vectorize it, so a
+convolution with a SiLU epilogue costs its output size times the libm call whatever the search
+finds. On an AMD EPYC (znver5) ``x * sigmoid(x)`` over 41,472 floats took 80 µs untuned, and
+``x / (1 + fast_exp(-x))`` 12 µs. In mbconv_se (bench/models) a 1×1 convolution, 24 → 72
+channels, with BN and SiLU stayed at its default schedule, ~240 µs, through 480 s of either
+searcher. With the approximation, 48 evolutionary trials brought it to 54 µs. ONNX Runtime's
+MLAS computes the logistic function by a polynomial approximation too.
+
+``topi.fast_exp`` is a range reduction to 2^n times a polynomial: branch-free floating-point
+arithmetic, vectorized like any other epilogue, with a relative error around 1e-7 in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fast_sigmoid(bb: Any, call: Any) -> Any:
+    """Legalize ``relax.sigmoid(x)`` as ``1 / (1 + fast_exp(-x))``."""
+    from tvm import topi
+
+    def compute(x: Any) -> Any:
+        return topi.divide(1.0, topi.add(1.0, topi.fast_exp(topi.negative(x))))
+
+    return bb.call_te(compute, call.args[0], primfunc_name_hint="fast_sigmoid")
+
+
+def legalize_pass() -> Any:
+    """``LegalizeOps`` with the approximations; run before the target's legalize passes (whose
+    own ``LegalizeOps`` then has nothing left to do for these operators)."""
+    from tvm import relax
+
+    return relax.transform.LegalizeOps(customize_legalize_map={"relax.sigmoid": fast_sigmoid})

@@ -4,8 +4,9 @@ Issue 19 asks what the search space and the compilation lack against ONNX Runtim
 convolutions read weights prepacked for its kernels (MLAS's NCHWc). MetaSchedule has the same
 idea, Ansor's: a weight marked layout-free may be stored in the order the tuned loop nest
 reads it (the ``RewriteLayout`` postprocessor). gradtune leaves it off by default; with
-``partition(weight_prepack=True)`` the weights are marked and ``compilation.build`` folds the
-rewrite into them at compile time. This benchmark weighs it, nothing else changed.
+``partition(..., Lowering(weight_prepack=True))`` the weights are marked and
+``compilation.build`` folds the rewrite into them at compile time. This benchmark weighs it,
+nothing else changed.
 
 Protocol:
 
@@ -117,13 +118,14 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
 
     from gradtune import compilation
     from gradtune.measure.rpc_fleet import LocalFleet
-    from gradtune.partition import partition
+    from gradtune.partition import Lowering, partition
     from gradtune.tune import best_from_database, run_database, tune
 
     commit = git_commit()  # the code that runs, whatever is committed while it does
     config, target = api.host_target()
     imported = api.import_model(MODELS[model].tuning_file(args.work))
-    fused, tasks = partition(imported.mod, imported.params, target, variant == "prepack")
+    lowering = Lowering(weight_prepack=variant == "prepack")
+    fused, tasks = partition(imported.mod, imported.params, target, lowering)
     chosen = ranked(tasks, args.tasks)
     out = run_dir(args, model, variant, repeat)
     start = time.perf_counter()

@@ -59,7 +59,7 @@ def build(fused_mod: Any, target: Any, database: Any | None = None) -> Any:
 
 
 def has_layout_free_weights(mod: Any) -> bool:
-    """Whether ``partition.prepare(weight_prepack=True)`` marked any PrimFunc's weights."""
+    """Whether ``partition.Lowering(weight_prepack=True)`` marked any PrimFunc's weights."""
     from tvm import tirx
 
     return any(

@@ -97,12 +97,34 @@ def operator_family(kernel_class: str) -> str:
     return OTHER_FAMILY
 
 
+@dataclass(frozen=True)
+class Lowering:
+    """Options of the lowering to fused TIR that change what is tuned. Each changes the
+    workload of every task it touches, so records tuned with and without it never mix.
+
+    Parameters
+    ----------
+    weight_prepack : bool, default False
+        CPU targets: every PrimFunc argument that is a weight (a bound constant) is marked
+        layout-free (``AttachAttrLayoutFreeBuffers``). MetaSchedule's ``RewriteLayout``
+        postprocessor may then store each weight in the order the tuned loop nest reads it, as
+        Ansor does, and ``compilation.build`` folds that reordering into the constants at
+        compile time: TVM's ``cpu_weight_prepack``, without its change of the module's
+        interface, because gradtune's weights are constants rather than inputs.
+    fast_math : bool, default False
+        Sigmoid (and so SiLU) legalized as ``1 / (1 + fast_exp(-x))``, vectorizable, instead of
+        a scalar ``expf`` call per element (``fast_math.py`` says why and what it costs).
+    """
+
+    weight_prepack: bool = False
+    fast_math: bool = False
+
+
+DEFAULT_LOWERING = Lowering()
+
+
 def prepare(
-    mod: Any,
-    params: dict[str, Any],
-    target: Any,
-    weight_prepack: bool = False,
-    fast_math: bool = False,
+    mod: Any, params: dict[str, Any], target: Any, lowering: Lowering = DEFAULT_LOWERING
 ) -> Any:
     """Bind weights, lower to fused TIR (the form both task extraction and compile consume).
 
@@ -110,34 +132,25 @@ def prepare(
     and legalization first (``DecomposeOpsForInference``, ``CanonicalizeBindings``, then the
     target's library-dispatch and legalize passes, which fuse operators into PrimFuncs).
 
-    ``weight_prepack`` (CPU targets): every PrimFunc argument that is a weight (a bound
-    constant) is marked layout-free (``AttachAttrLayoutFreeBuffers``). MetaSchedule's
-    ``RewriteLayout`` postprocessor may then store each weight in the order the tuned loop
-    nest reads it, as Ansor does, and ``compilation.build`` folds that reordering into the
-    constants at compile time: TVM's ``cpu_weight_prepack``, without its change of the
-    module's interface, because gradtune's weights are constants rather than inputs. The mark
-    is part of each task's workload, so records tuned with and without it never mix.
-
-    ``fast_math``: sigmoid (and so SiLU) legalized as ``1 / (1 + fast_exp(-x))``, vectorizable,
-    instead of a scalar ``expf`` call per element (``fast_math.py`` says why and what it costs).
+    ``lowering``: the options that change what is tuned (``Lowering``).
     """
     import tvm
     from tvm import relax
     from tvm.relax import pipeline
 
-    if weight_prepack and target.kind.name != "llvm":
+    if lowering.weight_prepack and target.kind.name != "llvm":
         raise GradtuneError(f"weight prepacking is for CPU targets (llvm), not {target.kind.name}")
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     seq = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
     with target:
         seq += pipeline.library_dispatch_passes(target)
-        if fast_math:
+        if lowering.fast_math:
             from .fast_math import legalize_pass
 
             seq.append(legalize_pass())
         seq += pipeline.legalize_passes(target)
-        if weight_prepack:
+        if lowering.weight_prepack:
             seq.append(relax.transform.AttachAttrLayoutFreeBuffers())
         return tvm.transform.Sequential(seq)(mod)
 
@@ -190,15 +203,10 @@ def measure_untuned(tasks: list[TuningTask], target: Any, repeat: int = 5) -> No
 
 
 def partition(
-    mod: Any,
-    params: dict[str, Any],
-    target: Any,
-    weight_prepack: bool = False,
-    fast_math: bool = False,
+    mod: Any, params: dict[str, Any], target: Any, lowering: Lowering = DEFAULT_LOWERING
 ) -> tuple[Any, list[TuningTask]]:
-    """Fused module + its tuning tasks, with untuned per-call latencies measured
-    (``weight_prepack``, ``fast_math``: see ``prepare``)."""
-    fused = prepare(mod, params, target, weight_prepack, fast_math)
+    """Fused module + its tuning tasks, with untuned per-call latencies measured."""
+    fused = prepare(mod, params, target, lowering)
     tasks = extract(fused, target)
     measure_untuned(tasks, target)
     return fused, tasks

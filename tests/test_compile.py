@@ -3,7 +3,7 @@ import pytest
 
 from gradtune import compilation
 from gradtune.errors import GradtuneError
-from gradtune.partition import prepare
+from gradtune.partition import Lowering, prepare
 
 
 def test_untuned_build_matches_reference_and_exports(tiny_model, llvm_target, tmp_path):
@@ -51,7 +51,7 @@ def test_prepacked_weights_are_rewritten_by_tuned_kernels_and_folded_at_build(
     from gradtune.search.stoppable import Stoppable
     from gradtune.tune import run_database, tune
 
-    fused = prepare(tiny_model.mod, tiny_model.params, llvm_target, weight_prepack=True)
+    fused = prepare(tiny_model.mod, tiny_model.params, llvm_target, Lowering(weight_prepack=True))
     assert compilation.has_layout_free_weights(fused)
     assert not compilation.has_layout_free_weights(
         prepare(tiny_model.mod, tiny_model.params, llvm_target)
@@ -79,7 +79,7 @@ def test_weight_prepack_is_refused_for_a_gpu_target(tiny_model):
 
     cuda = make_target(parse_target("cuda"))
     with pytest.raises(GradtuneError, match="CPU targets"):
-        prepare(tiny_model.mod, tiny_model.params, cuda, weight_prepack=True)
+        prepare(tiny_model.mod, tiny_model.params, cuda, Lowering(weight_prepack=True))
 
 
 def test_fast_math_legalizes_sigmoid_without_libm_and_keeps_the_outputs(llvm_target, tmp_path):
@@ -100,12 +100,12 @@ def test_fast_math_legalizes_sigmoid_without_libm_and_keeps_the_outputs(llvm_tar
     model = load_model(source)
     names = {
         fast: [t.name for t in extract(prepare(model.mod, model.params, llvm_target,
-                                               fast_math=fast), llvm_target)]
+                                               Lowering(fast_math=fast)), llvm_target)]
         for fast in (False, True)
     }  # fmt: skip
     assert any("tir_sigmoid" in n for n in names[False])
     assert not any("tir_sigmoid" in n for n in names[True])
     assert any("fast_sigmoid" in n for n in names[True])
-    fused = prepare(model.mod, model.params, llvm_target, fast_math=True)
+    fused = prepare(model.mod, model.params, llvm_target, Lowering(fast_math=True))
     runner = compilation.Runner(compilation.build(fused, llvm_target), llvm_target, model.inputs)
     assert compilation.verify(runner.outputs(), model.reference_outputs, "fast math") < 1e-5

@@ -119,6 +119,7 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
     # The latency the search reached by the budget, as its measured records estimate it.
     horizon = layout.budget if spec.searcher in (FULL, WARM) else math.inf
     final_us = searchrun.estimate_by(tuned["rounds"], horizon)
+    untuned_us = estimate_model_us(tasks, {})
     return {
         "model": spec.model,
         "searcher": spec.searcher,
@@ -132,8 +133,8 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
         "library": [str(d) for d in library],
         "transfer": hook.stats() if hook else None,
         **tuned,
-        "untuned_estimated_us": estimate_model_us(tasks, {}),
-        "final_estimated_us": final_us if final_us is not None else estimate_model_us(tasks, {}),
+        "untuned_estimated_us": untuned_us,
+        "final_estimated_us": final_us if final_us is not None else untuned_us,
         "records_in_db": records,
         "trials_in_budget": in_budget,
         "builds": {FINAL: build},
@@ -182,14 +183,15 @@ def adopt(spec: RunSpec, layout: TransferLayout, source: Path, tasks: list[Any])
     shutil.copyfile(source / build["library"], run_dir / build["library"])
     print(f"{spec.model} {spec.run_id}: adopted {source} (the same run, already made)", flush=True)
     final_us = searchrun.estimate_by(result["rounds"], layout.budget)
+    untuned_us = estimate_model_us(tasks, {})
     return {
         **{k: v for k, v in result.items() if k != "builds"},
         "searcher": spec.searcher,
         "run_id": spec.run_id,
         "library": [],
         "transfer": None,
-        "untuned_estimated_us": estimate_model_us(tasks, {}),
-        "final_estimated_us": final_us if final_us is not None else estimate_model_us(tasks, {}),
+        "untuned_estimated_us": untuned_us,
+        "final_estimated_us": final_us if final_us is not None else untuned_us,
         "builds": {FINAL: build},
         "adopted_from": str(source),
     }

@@ -242,6 +242,43 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     assert session.take(conv.name).evolved == evolved
 
 
+def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, small_cnn_conv):
+    """``explorer_in_warmup=False``: a task with nothing in the database gets its first batch
+    from the descent, 1 in 8 of it drawn at random (``explore``), because the scheduler's
+    XGBoost still scores at random; from the second batch the explorer fills its half, with
+    the population it was given."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search import make_strategy
+    from gradtune.search.gradient_search import GradientConfig
+    from gradtune.search.session import Session
+
+    conv = small_cnn_conv
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, explorer_in_warmup=False)
+    search = make_strategy("gradient", config=config)
+    session = Session()
+    search.attach(session)
+    context = ms.TuneContext(
+        mod=conv.mod, target=llvm_target, space_generator="post-order-apply",
+        search_strategy="replay-trace", task_name=conv.name, num_threads=2,
+    ).clone()  # fmt: skip
+    search._initialize_with_tune_context(context)
+    database = ms.database.MemoryDatabase()
+    search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
+    assert search.explorer is not None and search.explorer.population_size == 64
+    rounds = []
+    for _ in range(2):
+        candidates = search.generate_measure_candidates()
+        assert len(candidates) == 8
+        results = [
+            ms.runner.RunnerResult(run_secs=[1e-3 + 1e-4 * i], error_msg=None) for i in range(8)
+        ]
+        search.notify_runner_results(candidates, results)
+        rounds.append(session.take(conv.name))
+    assert (rounds[0].evolved, rounds[0].explore_share) == (0, 0.125)
+    assert 1 <= rounds[1].evolved <= 4 and rounds[1].explore_share == 0.5
+
+
 def test_ensemble_ei_and_contextual_explore_choose_the_batch(llvm_target, small_cnn_conv):
     """AdaTune on Felix: the descent climbs log EI of a four-member ensemble over the task's
     best measured program, and the round's explore share is Eq. 3, clamped and logged. A member

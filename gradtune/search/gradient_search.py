@@ -92,6 +92,19 @@ class GradientConfig(NamedTuple):
         (``bench/results/search_efficiency.md``).
     evolved : float, default 0.5
         The explorer's share of each batch (the ablation's ``explore=0.5``).
+    explorer_population : int, default 512
+        Population of the explorer's ``EvolutionarySearch``; each round's evolution costs time
+        in proportion to it. MetaSchedule's default, 512, is sized for its default batch of 64
+        (8 programs per pick); the explorer picks ``evolved`` of a batch, 12 of the CLI's 25.
+        On mbconv_se's four largest tasks an explorer round took 13.0 s at 512 and 3.9 s at
+        128, the descent beside it 1.8 s: at 512 the explorer is most of the search's time.
+    explorer_in_warmup : bool, default True
+        Whether the explorer fills its share of a task's first batch when the database holds
+        nothing of the task. Its population then has no measured program to start from, and
+        MetaSchedule's XGBoost scores at random until it holds 100 programs
+        (``num_warmup_samples``), which no first batch has seen: the warm-up joins no result
+        until every task's first batch is out. Off, that batch's explore share is ``explore``,
+        drawn at random from the descent's candidates, and the pretrained model picks the rest.
     acquisition : {"score", "ei"}, default "score"
         What the descent climbs and the picks are ranked by. ``score`` is Felix's: the MLP's
         score. ``ei`` is AdaTune's: the expected improvement of the ensemble's standardized
@@ -124,6 +137,8 @@ class GradientConfig(NamedTuple):
     per_seed_first: bool = False
     evolutionary_explore: bool = True
     evolved: float = 0.5
+    explorer_population: int = 512
+    explorer_in_warmup: bool = True
     acquisition: str = "score"
     contextual_explore: bool = False
     explore_bounds: tuple[float, float] = (0.05, 0.5)
@@ -205,6 +220,7 @@ class GradientSearch(ReportingStrategy):
         self._scale: Any = None
         self._incumbent = 0.0
         self._explore_share = self.config.explore
+        self._exploring = False  # whether the explorer fills this round's explore share
         self._mean_sigma = math.nan
         self._dropped_members = 0
 
@@ -257,7 +273,9 @@ class GradientSearch(ReportingStrategy):
             share = cfg.explore_bounds[1] if cfg.contextual_explore else cfg.evolved
             size = self._explore_count(self.per_iter, share)
             if size > 0:
-                self.explorer = ms.search_strategy.EvolutionarySearch()
+                self.explorer = ms.search_strategy.EvolutionarySearch(
+                    population_size=cfg.explorer_population
+                )
                 self.explorer._initialize_with_tune_context(self.context)
                 self.explorer.pre_tuning(max_trials, size, design_spaces, database,
                                          cost_model)  # fmt: skip
@@ -288,8 +306,13 @@ class GradientSearch(ReportingStrategy):
         self._dropped_members = 0
         if self.config.needs_ensemble:
             self._calibrate()
+        self._exploring = self.explorer is not None and (
+            self.config.explorer_in_warmup or self.batches > 0 or bool(self.history)
+        )
+        if self.explorer is not None and not self.config.contextual_explore:
+            self._explore_share = self.config.evolved if self._exploring else self.config.explore
         # The explorer first: what it cannot fill (all it found was measured), the descent does.
-        explored = self._evolve(self._explore_count(count) if self.explorer is not None else 0)
+        explored = self._evolve(self._explore_count(count) if self._exploring else 0)
         taken = {(k, decision_key(d)) for _, k, d in explored if d is not None}
         picks = self._search(count - len(explored), exclude=taken)
         self.session.refund(count - len(picks) - len(explored))
@@ -533,8 +556,8 @@ class GradientSearch(ReportingStrategy):
                     firsts.append(i)
             first = set(firsts)
             order = firsts + [i for i in order if i not in first]
-        # With an explorer the explore share is its candidates, already set aside.
-        explore = 0 if self.explorer is not None else min(len(order), self._explore_count(count))
+        # With the explorer on, the explore share is its candidates, already set aside.
+        explore = 0 if self._exploring else min(len(order), self._explore_count(count))
         exploit = order[: count - explore]
         rest = order[count - explore :]
         chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit

@@ -1,39 +1,46 @@
-"""Weight prepacking: does MetaSchedule's weight layout rewrite give faster kernels on this CPU?
+"""Lowering options: do weight prepacking and fast math give faster kernels on this CPU?
 
-Issue 19 asks what the search space and the compilation lack against ONNX Runtime, whose
-convolutions read weights prepacked for its kernels (MLAS's NCHWc). MetaSchedule has the same
-idea, Ansor's: a weight marked layout-free may be stored in the order the tuned loop nest
-reads it (the ``RewriteLayout`` postprocessor). gradtune leaves it off by default; with
-``partition(..., Lowering(weight_prepack=True))`` the weights are marked and
-``compilation.build`` folds the rewrite into them at compile time. This benchmark weighs it,
-nothing else changed.
+Issue 19 asks what the search space and the compilation lack against ONNX Runtime. Two
+lowering options (``gradtune.partition.Lowering``) change what is tuned, and this benchmark
+weighs each against the plain lowering, nothing else changed:
+
+- ``prepack``: weights marked layout-free, so MetaSchedule's ``RewriteLayout`` postprocessor
+  may store each in the order the tuned loop nest reads it (Ansor's idea; ONNX Runtime's MLAS
+  prepacks its convolution weights too), folded into the constants at compile time.
+- ``fast_math``: sigmoid (and SiLU) legalized as ``1 / (1 + fast_exp(-x))``, vectorizable,
+  instead of one scalar libm ``expf`` call per element.
+- ``prepack+fast_math``: both.
 
 Protocol:
 
 1. **Models** (``searchbench.models``): by default mbconv_se (in no zoo; depthwise and 1×1
-   convolutions, a squeeze-excitation head) and bert_block (in no zoo; dense layers).
-2. **Tasks**: the ``--tasks`` tasks with the most FLOPs (weight × FLOPs per call); the same
-   kernels in both variants, lined up by that rank.
+   convolutions with SiLU, a squeeze-excitation head) and bert_block (in no zoo; dense layers).
+2. **Tasks**: the ``--tasks`` tasks with the most FLOPs (weight × FLOPs per call) in the plain
+   lowering. A variant has the same tasks in the same order (an option changes a kernel's
+   body, not the fusion), so each variant tunes the same kernels, found by their position;
+   ranking each variant by its own FLOPs would not do, since fast_exp adds FLOPs.
 3. **Runs**: per (model, variant, repeat), in a fresh process, from an empty database:
    ``tune`` of those tasks with ``--search`` (MetaSchedule's evolutionary search by default:
    the question is the design space, not gradtune's search) and ``--trials`` trials per task,
-   seed = repeat, the CLI's builder, local RPC fleet and batch. The variants alternate which
-   goes first from one repeat to the next. The whole model is then compiled with the database
-   (the other tasks untuned, alike in both), its outputs checked, its library exported.
+   seed = repeat, the CLI's builder, local RPC fleet and batch. The variant going first
+   rotates from one repeat to the next. The whole model is then compiled with the database
+   (the other tasks untuned, in their variant's lowering), its outputs checked, its library
+   exported.
 4. **Metrics**: per task, the median over repeats of the best measured µs, and the ratio
-   plain / prepack; per model, the geomean of those ratios, and the end-to-end ms of every
-   library and of ONNX Runtime (on the target's core count), timed interleaved in one
-   process, medians over repeats.
+   plain / variant; per model and variant, the geomean of those ratios, and the end-to-end ms
+   of every library and of ONNX Runtime (on the target's core count), timed interleaved in
+   one process, medians over repeats.
 
-    .venv/bin/python bench/weight_prepack.py [--models mbconv_se bert_block] [--tasks 3]
-                                             [--trials 64] [--repeats 3]
-    .venv/bin/python bench/weight_prepack.py --render    # re-analyse the saved runs
+    .venv/bin/python bench/lowering.py [--models mbconv_se bert_block] [--tasks 3]
+                                       [--trials 64] [--repeats 3]
+                                       [--variants prepack fast_math]
+    .venv/bin/python bench/lowering.py --render    # re-analyse the saved runs
 
 Resumable: a finished run's ``result.json`` is kept; a run without one is redone from
-nothing. Writes ``--out``/weight_prepack.{md,json} (PARTIAL until every run finished); the
-last line printed is one JSON object: ``{"models": {name: {"kernel_ratio", "e2e_ratio",
-"e2e_ms", "repeats"}}, "geomean_kernel_ratio", "geomean_e2e_ratio", "partial", "commit"}``
-(ratios plain / prepack: above 1 prepacking is faster).
+nothing. Writes ``--out``/lowering.{md,json} (PARTIAL until every run finished); the last line
+printed is one JSON object: ``{"models": {name: {variant: {"kernel_ratio", "e2e_ratio"},
+"e2e_ms", "repeats"}}, "geomean_kernel_ratio": {variant: r}, "geomean_e2e_ratio": {variant:
+r}, "partial", "commit"}`` (ratios plain / variant: above 1 the variant is faster).
 """
 
 from __future__ import annotations
@@ -53,7 +60,15 @@ from searchbench.layout import write_json
 from searchbench.models import MODELS, ROOT
 from searchbench.report import conditions, git_commit, machine
 
-VARIANTS = ("plain", "prepack")
+BASELINE = "plain"
+# Variant → Lowering fields; plain is every variant's baseline and always runs.
+VARIANTS = {
+    BASELINE: {},
+    "prepack": {"weight_prepack": True},
+    "fast_math": {"fast_math": True},
+    "prepack+fast_math": {"weight_prepack": True, "fast_math": True},
+}
+DEFAULT_VARIANTS = ("prepack", "fast_math")
 DEFAULT_MODELS = ("mbconv_se", "bert_block")
 ORT = "ONNX Runtime"
 
@@ -62,11 +77,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), metavar="MODEL",
                         help=f"of {', '.join(MODELS)}")  # fmt: skip
+    others = ", ".join(list(VARIANTS)[1:])
+    parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), metavar="VARIANT",
+                        help=f"weighed against plain; of {others}")  # fmt: skip
     parser.add_argument("--tasks", type=int, default=3, help="tasks tuned per model")
     parser.add_argument("--trials", type=int, default=64, help="trials per task")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--search", default="evolutionary", choices=("evolutionary", "gradient"))
-    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "weight_prepack")
+    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "lowering")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     parser.add_argument("--render", action="store_true", help="only re-analyse saved runs")
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "VARIANT", "REPEAT"),
@@ -80,9 +98,18 @@ def check(args: argparse.Namespace) -> str | None:
     unknown = [m for m in args.models if m not in MODELS]
     if unknown:
         return f"unknown model {', '.join(unknown)} (choose from {', '.join(MODELS)})"
+    others = list(VARIANTS)[1:]
+    wrong = [v for v in args.variants if v not in others]
+    if wrong:
+        return f"unknown variant {', '.join(wrong)} (choose from {', '.join(others)})"
     if min(args.tasks, args.trials, args.repeats) < 1:
         return "--tasks, --trials and --repeats must be at least 1"
     return None
+
+
+def variants(args: argparse.Namespace) -> list[str]:
+    """plain, then the asked-for variants, each once."""
+    return [BASELINE, *dict.fromkeys(v for v in args.variants if v != BASELINE)]
 
 
 def root(args: argparse.Namespace) -> Path:
@@ -95,22 +122,23 @@ def run_dir(args: argparse.Namespace, model: str, variant: str, repeat: int) -> 
 
 
 def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
-    """(model, variant, repeat): repeat-major, the variant going first alternating."""
+    """(model, variant, repeat): repeat-major, the variant going first rotating."""
+    names = variants(args)
     runs = []
     for repeat in range(args.repeats):
         for i, model in enumerate(args.models):
-            order = VARIANTS if (i + repeat) % 2 == 0 else VARIANTS[::-1]
-            runs += [(model, variant, repeat) for variant in order]
+            shift = (i + repeat) % len(names)
+            runs += [(model, variant, repeat) for variant in names[shift:] + names[:shift]]
     return runs
 
 
 # --------------------------------------------------------------------------- one run (child)
 
 
-def ranked(tasks: list[Any], count: int) -> list[Any]:
-    """The ``count`` tasks with the most FLOPs per inference, largest first: the same kernels
-    whatever the variant (their names may differ)."""
-    return sorted(tasks, key=lambda t: (-t.weight * t.flops, t.kernel_class))[:count]
+def ranked(tasks: list[Any], count: int) -> list[int]:
+    """Positions of the ``count`` tasks with the most FLOPs per inference, largest first."""
+    order = sorted(range(len(tasks)), key=lambda i: (-tasks[i].weight * tasks[i].flops, i))
+    return order[:count]
 
 
 def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict[str, Any]:
@@ -118,15 +146,19 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
 
     from gradtune import compilation
     from gradtune.measure.rpc_fleet import LocalFleet
-    from gradtune.partition import Lowering, partition
+    from gradtune.partition import Lowering, extract, measure_untuned, prepare
     from gradtune.tune import best_from_database, run_database, tune
 
     commit = git_commit()  # the code that runs, whatever is committed while it does
     config, target = api.host_target()
     imported = api.import_model(MODELS[model].tuning_file(args.work))
-    lowering = Lowering(weight_prepack=variant == "prepack")
-    fused, tasks = partition(imported.mod, imported.params, target, lowering)
-    chosen = ranked(tasks, args.tasks)
+    plain = extract(prepare(imported.mod, imported.params, target), target)
+    fused = prepare(imported.mod, imported.params, target, Lowering(**VARIANTS[variant]))
+    tasks = extract(fused, target)
+    if [t.weight for t in tasks] != [t.weight for t in plain]:
+        raise RuntimeError(f"{model}: {variant} fuses differently from plain; no like for like")
+    chosen = [tasks[i] for i in ranked(plain, args.tasks)]
+    measure_untuned(chosen, target)
     out = run_dir(args, model, variant, repeat)
     start = time.perf_counter()
     with LocalFleet() as tracker:
@@ -184,7 +216,8 @@ def time_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
 def child(args: argparse.Namespace, extra: list[str], log: Path) -> int:
     argv = [sys.executable, str(Path(__file__).resolve()), "--work", str(args.work),
             "--tasks", str(args.tasks), "--trials", str(args.trials), "--search", args.search,
-            "--repeats", str(args.repeats), "--models", *args.models, *extra]  # fmt: skip
+            "--repeats", str(args.repeats), "--models", *args.models,
+            "--variants", *args.variants, *extra]  # fmt: skip
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
         return subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
@@ -214,26 +247,33 @@ def median_or_none(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
-def task_rows(results: dict[tuple[str, int], dict], count: int) -> list[dict[str, Any]]:
-    """Per task rank: each variant's median best µs over its runs, and plain / prepack."""
+def ratio(plain: float | None, variant: float | None) -> float | None:
+    return plain / variant if plain and variant else None
+
+
+def task_rows(results: dict[tuple[str, int], dict], count: int, names: list[str]):
+    """Per task rank: each variant's median best µs over its runs, and plain / variant."""
     rows = []
     for rank in range(count):
         found = [(v, r["tasks"][rank]) for (v, _), r in results.items() if rank < len(r["tasks"])]
         if not found:
             continue
-        row: dict[str, Any] = {"kernel_class": found[0][1]["kernel_class"],
-                               "mflops": found[0][1]["mflops"]}  # fmt: skip
-        for variant in VARIANTS:
+        # The plain run's name for the kernel: a variant may rename it (fast_sigmoid).
+        first = next((t for v, t in found if v == BASELINE), found[0][1])
+        row: dict[str, Any] = {"kernel_class": first["kernel_class"], "mflops": first["mflops"],
+                               "us": {}, "runs": {}, "ratio": {}}  # fmt: skip
+        for variant in names:
             best = [t["best_us"] for v, t in found if v == variant and t["best_us"]]
-            row[variant], row[f"{variant}_runs"] = median_or_none(best), len(best)
-        both = row["plain"] and row["prepack"]
-        row["ratio"] = row["plain"] / row["prepack"] if both else None
+            row["us"][variant], row["runs"][variant] = median_or_none(best), len(best)
+        for variant in names[1:]:
+            row["ratio"][variant] = ratio(row["us"][BASELINE], row["us"][variant])
         rows.append(row)
     return rows
 
 
 def gather(args: argparse.Namespace) -> dict[str, Any]:
-    data: dict[str, Any] = {"models": {}}
+    names = variants(args)
+    data: dict[str, Any] = {"variants": names, "models": {}}
     commits: set[str] = set()
     target = None
     runs = plan(args)
@@ -249,24 +289,26 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
             continue
         target = target or next(iter(results.values()))["target"]
         commits |= {r["commit"] for r in results.values()}
-        tasks = task_rows(results, args.tasks)
+        tasks = task_rows(results, args.tasks, names)
         timing_path = root(args) / model / "timing.json"
         ms = json.loads(timing_path.read_text())["ms"] if timing_path.is_file() else {}
         e2e = {
-            v: median_or_none([x for label, x in ms.items() if label.startswith(f"{v}-")])
-            for v in VARIANTS
+            v: median_or_none([x for label, x in ms.items() if label.startswith(f"{v}-r")])
+            for v in names
         }
         e2e[ORT] = ms.get(ORT)
         seconds = {
             v: median_or_none([r["tuning_seconds"] for (w, _), r in results.items() if w == v])
-            for v in VARIANTS
+            for v in names
         }
         data["models"][model] = {
             "tasks": tasks,
-            "kernel_ratio": geomean([t["ratio"] for t in tasks if t["ratio"]]),
+            "kernel_ratio": {
+                v: geomean([t["ratio"][v] for t in tasks if t["ratio"][v]]) for v in names[1:]
+            },
             "e2e_ms": e2e,
-            "e2e_ratio": e2e["plain"] / e2e["prepack"] if e2e["plain"] and e2e["prepack"] else None,
-            "repeats": min((t[f"{v}_runs"] for t in tasks for v in VARIANTS), default=0),
+            "e2e_ratio": {v: ratio(e2e[BASELINE], e2e[v]) for v in names[1:]},
+            "repeats": min((n for t in tasks for n in t["runs"].values()), default=0),
             "tuning_seconds": seconds,
         }
     data["partial"] = finished < len(runs)
@@ -280,53 +322,74 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
 
 
 def markdown(args: argparse.Namespace, data: dict[str, Any]) -> str:
-    m = data["machine"]
+    names = data["variants"]
+    others = names[1:]
     lines = [
-        "# Weight prepacking (MetaSchedule's layout rewrite) against plain weights"
+        "# Lowering options (weight prepacking, fast math) against the plain lowering"
         + (" (PARTIAL)" if data["partial"] else ""),
         "",
-        conditions(data["commit"], m) + f" Per model the {args.tasks} tasks with the most FLOPs, "
-        f"tuned by {args.search} search for {args.trials} trials each from an empty database, "
-        f"{args.repeats} repeats per variant; medians. Ratio = plain / prepack: above 1 "
-        "prepacking is faster. End-to-end: the whole model compiled with that database (other "
-        "tasks untuned, alike), every library and ONNX Runtime timed interleaved in one process.",
+        conditions(data["commit"], data["machine"]) + f" Per model the {args.tasks} tasks with "
+        f"the most FLOPs, tuned by {args.search} search for {args.trials} trials each from an "
+        f"empty database, {args.repeats} repeats per variant; medians. Ratio = plain / variant: "
+        "above 1 the variant is faster. End-to-end: the whole model compiled with that database "
+        "(other tasks untuned, in their variant's lowering), every library and ONNX Runtime "
+        "timed interleaved in one process.",
         "",
-        "| model | task (rank by FLOPs) | MFLOP | plain µs | prepack µs | plain / prepack |",
-        "|---|---|---:|---:|---:|---:|",
+        "| model | task (rank by FLOPs) | MFLOP | "
+        + " | ".join(f"{v} µs" for v in names)
+        + " | "
+        + " | ".join(f"plain / {v}" for v in others)
+        + " |",
+        "|---|---|---:|" + "---:|" * (len(names) + len(others)),
     ]
     for name, model in data["models"].items():
         for rank, t in enumerate(model["tasks"]):
+            cells = [fmt(t["us"].get(v), ".1f") for v in names]
+            cells += [fmt(t["ratio"].get(v)) for v in others]
             lines.append(f"| {name} | {rank}: {t['kernel_class']} | {t['mflops']:.2f} | "
-                         f"{fmt(t['plain'], '.1f')} | {fmt(t['prepack'], '.1f')} | "
-                         f"{fmt(t['ratio'])} |")  # fmt: skip
+                         + " | ".join(cells) + " |")  # fmt: skip
     lines += [
         "",
-        "| model | repeats | kernels: geomean plain / prepack | e2e ms plain | e2e ms prepack "
-        "| e2e plain / prepack | ONNX Runtime ms | tuning s plain / prepack |",
-        "|---|---:|---:|---:|---:|---:|---:|---|",
+        "| model | variant | repeats | kernels: geomean plain / variant | e2e ms | "
+        "e2e plain / variant | tuning s |",
+        "|---|---|---:|---:|---:|---:|---:|",
     ]
     for name, model in data["models"].items():
         e2e, secs = model["e2e_ms"], model["tuning_seconds"]
-        lines.append(
-            f"| {name} | {model['repeats']} | {fmt(model['kernel_ratio'])} | "
-            f"{fmt(e2e['plain'], '.4f')} | {fmt(e2e['prepack'], '.4f')} | "
-            f"{fmt(model['e2e_ratio'])} | {fmt(e2e[ORT], '.4f')} | "
-            f"{fmt(secs.get('plain'), '.0f')} / {fmt(secs.get('prepack'), '.0f')} |"
-        )
+        for v in names:
+            kernels = fmt(model["kernel_ratio"].get(v)) if v != BASELINE else "1"
+            e2e_ratio = fmt(model["e2e_ratio"].get(v)) if v != BASELINE else "1"
+            lines.append(f"| {name} | {v} | {model['repeats']} | {kernels} | "
+                         f"{fmt(e2e[v], '.4f')} | {e2e_ratio} | "
+                         f"{fmt(secs.get(v), '.0f')} |")  # fmt: skip
+        lines.append(f"| {name} | {ORT} | – | – | {fmt(e2e[ORT], '.4f')} | "
+                     f"{fmt(ratio(e2e[BASELINE], e2e[ORT]))} | – |")  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
 def summary_line(data: dict[str, Any]) -> dict[str, Any]:
     models = data["models"]
+    others = data["variants"][1:]
     return {
         "models": {
-            name: {k: m[k] for k in ("kernel_ratio", "e2e_ratio", "e2e_ms", "repeats")}
+            name: {
+                **{
+                    v: {"kernel_ratio": m["kernel_ratio"][v], "e2e_ratio": m["e2e_ratio"][v]}
+                    for v in others
+                },
+                "e2e_ms": m["e2e_ms"],
+                "repeats": m["repeats"],
+            }
             for name, m in models.items()
+        },  # fmt: skip
+        "geomean_kernel_ratio": {
+            v: geomean([m["kernel_ratio"][v] for m in models.values() if m["kernel_ratio"][v]])
+            for v in others
         },
-        "geomean_kernel_ratio": geomean(
-            [m["kernel_ratio"] for m in models.values() if m["kernel_ratio"]]
-        ),  # fmt: skip
-        "geomean_e2e_ratio": geomean([m["e2e_ratio"] for m in models.values() if m["e2e_ratio"]]),
+        "geomean_e2e_ratio": {
+            v: geomean([m["e2e_ratio"][v] for m in models.values() if m["e2e_ratio"][v]])
+            for v in others
+        },
         "partial": data["partial"],
         "commit": data["commit"],
     }
@@ -336,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     problem = check(args)
     if problem:
-        print(f"weight_prepack: {problem}", file=sys.stderr)
+        print(f"lowering: {problem}", file=sys.stderr)
         return 2
     args.work = args.work.resolve()
     if args.one:
@@ -351,13 +414,13 @@ def main(argv: list[str] | None = None) -> int:
         try:
             orchestrate(args)
         except KeyboardInterrupt:
-            print("weight_prepack: interrupted; rerun the same command to resume", flush=True)
+            print("lowering: interrupted; rerun the same command to resume", flush=True)
             return 130
     data = gather(args)
     text = markdown(args, data)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "weight_prepack.md").write_text(text)
-    write_json(args.out / "weight_prepack.json", data)
+    (args.out / "lowering.md").write_text(text)
+    write_json(args.out / "lowering.json", data)
     print(text)
     print(json.dumps(summary_line(data)))
     return 0

@@ -1,0 +1,74 @@
+"""bench/lowering.py: bad input refused before anything starts; its plan and metrics."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import assert_bench_refuses
+
+pytestmark = pytest.mark.usefixtures("bench_on_path")
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--models", "mbconv_se", "no_such_model"], "unknown model no_such_model"),
+        (["--variants", "fast_math", "turbo"], "unknown variant turbo"),
+        (["--trials", "0"], "at least 1"),
+    ],
+)
+def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
+    assert_bench_refuses("lowering.py", tmp_path, args, says)
+
+
+def _args(tmp_path: Path, **overrides) -> argparse.Namespace:
+    from lowering import parse_args
+
+    args = parse_args(["--work", str(tmp_path), "--models", "mbconv_se", "bert_block",
+                       "--tasks", "2", "--repeats", "3"])  # fmt: skip
+    return argparse.Namespace(**{**vars(args), **overrides})
+
+
+def test_plan_runs_plain_and_rotates_which_variant_goes_first(tmp_path):
+    from lowering import plan
+
+    runs = plan(_args(tmp_path))
+    assert len(set(runs)) == len(runs) == 3 * 2 * 3
+    firsts = [runs[i][1] for i in range(0, len(runs), 3)]
+    assert firsts == ["plain", "prepack", "prepack", "fast_math", "fast_math", "plain"]
+    assert {v for _, v, _ in plan(_args(tmp_path, variants=["fast_math"]))} == {
+        "plain",
+        "fast_math",
+    }
+
+
+def test_ratios_are_plain_over_each_variant_per_task_then_geomean(tmp_path):
+    from lowering import gather, markdown, run_dir, summary_line
+    from searchbench.layout import write_json
+
+    args = _args(tmp_path, models=["mbconv_se"], repeats=1)
+    for variant, us in (("plain", [40.0, 10.0]), ("prepack", [20.0, 10.0]),
+                        ("fast_math", [10.0, 5.0])):  # fmt: skip
+        write_json(run_dir(args, "mbconv_se", variant, 0) / "result.json", {
+            "target": {"kind": "llvm"}, "commit": "abc1234", "tuning_seconds": 60.0,
+            "tasks": [{"kernel_class": f"conv2d+{variant}{i}", "mflops": 1.0, "best_us": x}
+                      for i, x in enumerate(us)],
+        })  # fmt: skip
+    data = gather(args)
+    model = data["models"]["mbconv_se"]
+    assert [t["ratio"] for t in model["tasks"]] == [
+        {"prepack": 2.0, "fast_math": 4.0},
+        {"prepack": 1.0, "fast_math": 2.0},
+    ]
+    assert model["kernel_ratio"]["prepack"] == pytest.approx(2**0.5)
+    assert model["kernel_ratio"]["fast_math"] == pytest.approx(8**0.5)
+    assert model["e2e_ratio"] == {"prepack": None, "fast_math": None} and not data["partial"]
+    # The plain run names the kernel; a variant may rename it.
+    text = markdown(args, data)
+    assert "| mbconv_se | 0: conv2d+plain0 | 1.00 | 40.0 | 20.0 | 10.0 | 2.00 | 4.00 |" in text
+    line = summary_line(data)
+    assert line["geomean_kernel_ratio"]["fast_math"] == pytest.approx(8**0.5)
+    assert line["models"]["mbconv_se"]["prepack"]["kernel_ratio"] == pytest.approx(2**0.5)

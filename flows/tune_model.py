@@ -48,6 +48,8 @@ def tune_model(
     library: str | None = None,
     library_from: str = "auto",
     transfer_only: bool = False,
+    fast_math: bool = False,
+    weight_prepack: bool = False,
 ) -> dict[str, Any]:
     """import → partition → tune over RPC → compile/verify/time → report + register.
 
@@ -58,11 +60,12 @@ def tune_model(
         time_budget=time_budget, out=out or fresh_out_dir(model), resume=resume,
         search=search, tracker=tracker, key=key, mlflow_uri=mlflow_uri, name=name, alias=alias,
         rpc_servers=rpc_servers, seed=seed, measure=measure, library=library,
-        library_from=library_from, transfer_only=transfer_only,
+        library_from=library_from, transfer_only=transfer_only, fast_math=fast_math,
+        weight_prepack=weight_prepack,
     )  # fmt: skip
     with exit_on_signals(), flow_logging.to_run_logs():
         imported = tuning.import_model(job)
-        fused, tasks = tuning.partition_model(imported, job.target)
+        fused, tasks = tuning.partition_model(imported, job.target, job.lowering_options())
         tuned = tuning.tune_model_tasks(job, tasks, job.target)
         compiled = tuning.compile_model(job, imported, fused, job.target)
         return tuning.report_and_register(job, imported, tasks, tuned, compiled)

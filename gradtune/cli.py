@@ -187,6 +187,16 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         choices=["fixed", "adaptive"],
         help="time candidates fixed (3 × 3 runs, ≥ 20 ms each) or adaptively (until stable)",
     )
+    parser.add_argument(
+        "--fast-math",
+        action="store_true",
+        help="sigmoid and SiLU by a vectorizable fast_exp instead of libm (rel. error ~1e-7)",
+    )
+    parser.add_argument(
+        "--weight-prepack",
+        action="store_true",
+        help="store weights in each tuned kernel's loop order, folded at compile time (CPU)",
+    )
 
 
 def add_transfer_parser(sub) -> None:
@@ -633,6 +643,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         library=args.library if transfer else args.warm_start,
         library_from=getattr(args, "from") if transfer else "auto",
         transfer_only=transfer,
+        fast_math=args.fast_math,
+        weight_prepack=args.weight_prepack,
     )
     if os.environ.get(_RELAYED_BY) == str(os.getppid()):
         # The process of _run_in_own_session: its parent checked everything (checked_job).

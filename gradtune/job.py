@@ -65,6 +65,11 @@ class TuneJob:
         directory, which is then the whole library.
     transfer_only : bool, default False
         Transfer and search no further (``gradtune transfer``).
+    fast_math : bool, default False
+        Sigmoid and SiLU by a vectorizable ``fast_exp`` instead of libm (``partition.Lowering``).
+    weight_prepack : bool, default False
+        Weights stored in each tuned kernel's loop order, folded at compile time; CPU targets
+        only (``partition.Lowering``).
     """
 
     model: str
@@ -87,10 +92,16 @@ class TuneJob:
     library: str | None = None
     library_from: str = "auto"
     transfer_only: bool = False
+    fast_math: bool = False
+    weight_prepack: bool = False
 
     @property
     def out_dir(self) -> Path:
         return Path(self.out)
+
+    def lowering_options(self) -> dict[str, bool]:
+        """The fields of ``partition.Lowering`` (what changes the tuned workloads)."""
+        return {"weight_prepack": self.weight_prepack, "fast_math": self.fast_math}
 
     def flow_parameters(self) -> dict[str, Any]:
         """The job as the parameters of the ``tune-model`` flow: its fields, the resolved target
@@ -109,7 +120,16 @@ def make_job(target: str | None = None, **settings: Any) -> TuneJob:
     job = TuneJob(**settings)
     validate(job)
     job.target = parse_target(target)
+    check_lowering(job)
     return job
+
+
+def check_lowering(job: TuneJob) -> None:
+    """Refuse lowering options the resolved target cannot take."""
+    if job.weight_prepack and job.target.get("kind") != "llvm":
+        raise GradtuneError(
+            f"--weight-prepack is for CPU targets (llvm), not {job.target.get('kind')}"
+        )
 
 
 def fresh_out_dir(model: str, root: str | Path = "runs") -> str:
@@ -198,7 +218,8 @@ def check_out_dir(job: TuneJob, fingerprint: str) -> None:
 
 
 def check_resumed_target(job: TuneJob) -> None:
-    """Refuse to resume, for another target, a directory ``check_out_dir`` let through."""
+    """Refuse to resume, for another target or lowering, a directory ``check_out_dir`` let
+    through: its records would be of other workloads, and the search would start over."""
     run_file = job.out_dir / RUN_FILE
     if not run_file.exists():
         return
@@ -207,6 +228,14 @@ def check_resumed_target(job: TuneJob) -> None:
         raise GradtuneError(
             f"--out {job.out_dir} was tuned for target {json.dumps(previous.get('target'))}, "
             f"not {json.dumps(job.target)}; choose another directory"
+        )
+    # Directories from before the options were recorded were tuned without them.
+    before = previous.get("lowering", {"weight_prepack": False, "fast_math": False})
+    if before != job.lowering_options():
+        said = ", ".join(f"--{k.replace('_', '-')}" for k, on in before.items() if on) or "none"
+        raise GradtuneError(
+            f"--out {job.out_dir} was tuned with lowering options: {said}; resume with the same "
+            "options or choose another directory"
         )
 
 
@@ -218,5 +247,6 @@ def mark_out_dir(job: TuneJob, fingerprint: str) -> None:
         "entry": job.entry,
         "fingerprint": fingerprint,
         "target": job.target,
+        "lowering": job.lowering_options(),
     }
     (job.out_dir / RUN_FILE).write_text(json.dumps(record, indent=2))

@@ -27,7 +27,7 @@ from .frontend import ImportedModel, fingerprint, load_model
 from .job import TuneJob, mark_out_dir
 from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
 from .measure.runner import MeasureSettings
-from .partition import TuningTask, partition
+from .partition import Lowering, TuningTask, partition
 from .redact import redact_uri
 from .search.session import RoundLog
 from .target import is_gpu, make_target
@@ -70,9 +70,12 @@ def import_stage(job: TuneJob) -> ImportedModel:
     return model
 
 
-def partition_stage(model: ImportedModel, target_config: dict) -> tuple[Any, list[TuningTask]]:
+def partition_stage(
+    model: ImportedModel, target_config: dict, lowering: dict[str, bool] | None = None
+) -> tuple[Any, list[TuningTask]]:
+    """``lowering``: ``partition.Lowering``'s fields (``TuneJob.lowering_options``)."""
     target = make_target(target_config)
-    fused, tasks = partition(model.mod, model.params, target)
+    fused, tasks = partition(model.mod, model.params, target, Lowering(**(lowering or {})))
     table = Table(title=f"{len(tasks)} tuning tasks", title_justify="left")
     for col in report.TASK_HEADER:
         table.add_column(col, justify="left" if col in ("task", "kernel class") else "right")
@@ -289,6 +292,7 @@ def run_summary(
         "tuning_seconds": tuned.seconds,
         "stopped_by_time_budget": tuned.stopped_by_time_budget,
         "measure": job.measure,
+        "lowering": job.lowering_options(),
         "measure_seconds": tuned.measure_cost.seconds,  # device time spent timing candidates
         "kernel_runs": tuned.measure_cost.kernel_runs,
         "measure_unconverged": tuned.measure_cost.unconverged,
@@ -403,7 +407,7 @@ def report_and_register_stage(
         "model": job.model, "entry": job.entry, "framework": model.framework,
         "target": job.target, "search": "transfer" if job.transfer_only else job.search,
         "measure": job.measure, "library": job.library, "library_from": job.library_from,
-        "trials_budget": job.trials,
+        **job.lowering_options(), "trials_budget": job.trials,
         "time_budget": job.time_budget, "tasks": len(tasks), "seed": job.seed,
         **{f"search_{k}": v for k, v in search_params.items()},
     }  # fmt: skip

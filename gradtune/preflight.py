@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import GradtuneError
-from .job import TuneJob, check_out_dir, check_resumed_target, validate
+from .job import TuneJob, check_lowering, check_out_dir, check_resumed_target, validate
 from .redact import redact_uri
 
 
@@ -46,6 +46,7 @@ def checked_job(target: str | None, **settings: Any) -> TuneJob:
     check_device(read_target_spec(target))
     load_model(job.model, job.entry, job.input_shapes)
     job.target = parse_target(target)
+    check_lowering(job)
     check_resumed_target(job)
     if job.library:
         check_library(job)

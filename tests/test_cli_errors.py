@@ -155,3 +155,33 @@ def test_reserved_alias(capsys, out):
         out,
     )
     assert "reserved by MLflow" in line
+
+
+def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path):
+    """A directory tuned without ``--fast-math`` holds other workloads' records than the same
+    model with it: resuming would quietly start over, so it is refused, before any server."""
+    from gradtune.frontend import fingerprint
+    from gradtune.target import parse_target
+
+    model = str(EXAMPLES / "small_cnn.py")
+    out = tmp_path / "run"
+    out.mkdir()
+    # As a run from before the options were recorded left it: no "lowering" key.
+    record = {"model": model, "entry": "get_model", "target": parse_target("llvm"),
+              "fingerprint": fingerprint(model, "get_model", {})}  # fmt: skip
+    (out / "run.json").write_text(json.dumps(record))
+    code = main(["tune", model, "--out", str(out), "--resume", "--fast-math"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1
+    assert "tuned with lowering options: none; resume with the same options" in err[0]
+    assert [p.name for p in out.iterdir()] == ["run.json"]
+
+
+def test_weight_prepack_is_refused_for_a_gpu_target():
+    from gradtune.errors import GradtuneError
+    from gradtune.job import TuneJob, check_lowering
+
+    job = TuneJob(model="m.onnx", target={"kind": "cuda", "arch": "sm_80"}, weight_prepack=True)
+    with pytest.raises(GradtuneError, match="for CPU targets \\(llvm\\), not cuda"):
+        check_lowering(job)
+    check_lowering(TuneJob(model="m.onnx", target={"kind": "cuda"}, fast_math=True))

@@ -190,7 +190,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--fast-math",
         action="store_true",
-        help="sigmoid and SiLU by a vectorizable fast_exp instead of libm (rel. error ~1e-7)",
+        help="sigmoid/SiLU, erf/GELU and tanh by vectorizable approximations, not libm",
     )
     parser.add_argument(
         "--weight-prepack",

@@ -11,6 +11,9 @@ MLAS computes the logistic function by a polynomial approximation too.
 
 ``topi.fast_exp`` is a range reduction to 2^n times a polynomial: branch-free floating-point
 arithmetic, vectorized like any other epilogue, with a relative error around 1e-7 in float32.
+``erf`` (exact GELU) and ``tanh`` are libm calls too: bert_block's FFN kernel, a matmul with a
+GELU epilogue (``erf``), is its largest; ``topi.fast_erf`` and ``topi.fast_tanh`` are clamped
+rational polynomials (Eigen's), branch-free as well.
 """
 
 from __future__ import annotations
@@ -28,9 +31,45 @@ def fast_sigmoid(bb: Any, call: Any) -> Any:
     return bb.call_te(compute, call.args[0], primfunc_name_hint="fast_sigmoid")
 
 
+def fast_erf(bb: Any, call: Any) -> Any:
+    """Legalize ``relax.erf(x)`` (exact GELU as ONNX spells it) as ``fast_erf(x)``."""
+    from tvm import topi
+
+    return bb.call_te(topi.fast_erf, call.args[0], primfunc_name_hint="fast_erf")
+
+
+def fast_gelu(bb: Any, call: Any) -> Any:
+    """Legalize ``relax.nn.gelu(x)`` (exact GELU as PyTorch spells it) as
+    ``x · (0.5 + 0.5 · fast_erf(x / √2))``."""
+    from tvm import topi
+
+    def compute(x: Any) -> Any:
+        erf = topi.fast_erf(topi.multiply(x, 0.7071067811865476))
+        return topi.multiply(x, topi.add(0.5, topi.multiply(erf, 0.5)))
+
+    return bb.call_te(compute, call.args[0], primfunc_name_hint="fast_gelu")
+
+
+def fast_tanh(bb: Any, call: Any) -> Any:
+    """Legalize ``relax.tanh(x)`` as ``fast_tanh(x)``."""
+    from tvm import topi
+
+    return bb.call_te(topi.fast_tanh, call.args[0], primfunc_name_hint="fast_tanh")
+
+
+# topi's fast_* approximate float32 (fast_erf float16 too) and fall back to the exact
+# function for other dtypes, so a float64 model keeps libm.
+APPROXIMATIONS = {
+    "relax.sigmoid": fast_sigmoid,
+    "relax.erf": fast_erf,
+    "relax.nn.gelu": fast_gelu,
+    "relax.tanh": fast_tanh,
+}
+
+
 def legalize_pass() -> Any:
     """``LegalizeOps`` with the approximations; run before the target's legalize passes (whose
     own ``LegalizeOps`` then has nothing left to do for these operators)."""
     from tvm import relax
 
-    return relax.transform.LegalizeOps(customize_legalize_map={"relax.sigmoid": fast_sigmoid})
+    return relax.transform.LegalizeOps(customize_legalize_map=APPROXIMATIONS)

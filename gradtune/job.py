@@ -66,7 +66,8 @@ class TuneJob:
     transfer_only : bool, default False
         Transfer and search no further (``gradtune transfer``).
     fast_math : bool, default False
-        Sigmoid and SiLU by a vectorizable ``fast_exp`` instead of libm (``partition.Lowering``).
+        Sigmoid, SiLU, GELU and tanh by vectorizable approximations instead of libm
+        (``partition.Lowering``).
     weight_prepack : bool, default False
         Weights stored in each tuned kernel's loop order, folded at compile time; CPU targets
         only (``partition.Lowering``).

@@ -112,8 +112,9 @@ class Lowering:
         compile time: TVM's ``cpu_weight_prepack``, without its change of the module's
         interface, because gradtune's weights are constants rather than inputs.
     fast_math : bool, default False
-        Sigmoid (and so SiLU) legalized as ``1 / (1 + fast_exp(-x))``, vectorizable, instead of
-        a scalar ``expf`` call per element (``fast_math.py`` says why and what it costs).
+        Sigmoid (and so SiLU), erf (exact GELU) and tanh computed by vectorizable polynomial
+        approximations (``topi.fast_exp``, ``fast_erf``, ``fast_tanh``) instead of a scalar libm
+        call per element (``fast_math.py`` says why and what it costs).
     """
 
     weight_prepack: bool = False

@@ -16,9 +16,11 @@ Protocol:
 1. **Models** (``searchbench.models``): by default mbconv_se (in no zoo; depthwise and 1×1
    convolutions with SiLU, a squeeze-excitation head) and bert_block (in no zoo; dense layers).
 2. **Tasks**: the ``--tasks`` tasks with the most FLOPs (weight × FLOPs per call) in the plain
-   lowering. A variant has the same tasks in the same order (an option changes a kernel's
-   body, not the fusion), so each variant tunes the same kernels, found by their position;
-   ranking each variant by its own FLOPs would not do, since fast_exp adds FLOPs.
+   lowering. An option changes a kernel's body, not the fusion or the kernel's arguments, so
+   each variant tunes the same kernels, found by their arguments' shapes and their operator
+   sequence without the approximated function's prefix (``tir_sigmoid`` / ``fast_sigmoid``).
+   Neither a variant's own FLOP rank (fast_exp adds FLOPs) nor the task order (it differs)
+   would do.
 3. **Runs**: per (model, variant, repeat), in a fresh process, from an empty database:
    ``tune`` of those tasks with ``--search`` (MetaSchedule's evolutionary search by default:
    the question is the design space, not gradtune's search) and ``--trials`` trials per task,
@@ -135,10 +137,37 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
 # --------------------------------------------------------------------------- one run (child)
 
 
-def ranked(tasks: list[Any], count: int) -> list[int]:
-    """Positions of the ``count`` tasks with the most FLOPs per inference, largest first."""
-    order = sorted(range(len(tasks)), key=lambda i: (-tasks[i].weight * tasks[i].flops, i))
-    return order[:count]
+def ranked(tasks: list[Any], count: int) -> list[Any]:
+    """The ``count`` tasks with the most FLOPs per inference, largest first."""
+    return sorted(tasks, key=lambda t: (-t.weight * t.flops, t.kernel_class))[:count]
+
+
+def kernel_key(task: Any) -> tuple:
+    """What names a kernel in every lowering: its operators without the prefix an
+    approximation adds or drops (``tir+sigmoid`` / ``fast+sigmoid``), and its arguments'
+    shapes."""
+    import re
+
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    ops = re.sub(r"\b(tir|fast)\+", "", task.kernel_class)
+    args = ArgInfo.from_prim_func(task.mod["main"])
+    shapes = tuple(tuple(int(d) for d in arg.shape) for arg in args)
+    return ops, shapes
+
+
+def same_kernels(plain: list[Any], tasks: list[Any], chosen: list[Any]) -> list[Any]:
+    """The tasks of ``tasks`` (one variant) that are the kernels ``chosen`` of ``plain``."""
+    by_key: dict[tuple, list[Any]] = {}
+    for task in tasks:
+        by_key.setdefault(kernel_key(task), []).append(task)
+    found = []
+    for task in chosen:
+        matches = by_key.get(kernel_key(task), [])
+        if len(matches) != 1:
+            raise RuntimeError(f"{task.name}: {len(matches)} kernels of the variant match it")
+        found.append(matches[0])
+    return found
 
 
 def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict[str, Any]:
@@ -154,10 +183,7 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
     imported = api.import_model(MODELS[model].tuning_file(args.work))
     plain = extract(prepare(imported.mod, imported.params, target), target)
     fused = prepare(imported.mod, imported.params, target, Lowering(**VARIANTS[variant]))
-    tasks = extract(fused, target)
-    if [t.weight for t in tasks] != [t.weight for t in plain]:
-        raise RuntimeError(f"{model}: {variant} fuses differently from plain; no like for like")
-    chosen = [tasks[i] for i in ranked(plain, args.tasks)]
+    chosen = same_kernels(plain, extract(fused, target), ranked(plain, args.tasks))
     measure_untuned(chosen, target)
     out = run_dir(args, model, variant, repeat)
     start = time.perf_counter()

@@ -72,3 +72,38 @@ def test_ratios_are_plain_over_each_variant_per_task_then_geomean(tmp_path):
     line = summary_line(data)
     assert line["geomean_kernel_ratio"]["fast_math"] == pytest.approx(8**0.5)
     assert line["models"]["mbconv_se"]["prepack"]["kernel_ratio"] == pytest.approx(2**0.5)
+
+
+def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
+    """The chosen kernels are found again in the fast-math lowering by operators and argument
+    shapes, though their names and the task order differ; two SiLU convolutions of other
+    shapes are not mistaken for each other."""
+    from lowering import ranked, same_kernels
+
+    from gradtune.frontend import load_model
+    from gradtune.partition import Lowering, extract, prepare
+
+    source = tmp_path / "two_silu.py"
+    source.write_text(
+        "import torch\n"
+        "from torch import nn\n\n\n"
+        "def get_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2),\n"
+        "                          nn.Conv2d(8, 16, 1), nn.SiLU(), nn.Flatten(),\n"
+        "                          nn.Linear(256, 10))\n"
+        "    return model.eval(), (torch.randn(1, 3, 8, 8),)\n"
+    )
+    model = load_model(source)
+    plain = extract(prepare(model.mod, model.params, llvm_target), llvm_target)
+    fast = extract(
+        prepare(model.mod, model.params, llvm_target, Lowering(fast_math=True)), llvm_target
+    )
+    chosen = ranked(plain, 3)
+    found = same_kernels(plain, fast, chosen)
+    assert [t.name for t in found] != [t.name for t in chosen]  # renamed: fast_sigmoid
+    for old, new in zip(chosen, found, strict=True):
+        assert new.name.split("_")[1] == old.name.split("_")[1]  # conv2d1 is conv2d1
+        assert ("tir_sigmoid" in old.name) == ("fast_sigmoid" in new.name)
+        assert old.flops <= new.flops  # the approximation's arithmetic, never fewer
+    assert len({t.name for t in found}) == 3

@@ -48,7 +48,7 @@ def tune_model(
     library: str | None = None,
     library_from: str = "auto",
     transfer_only: bool = False,
-    fast_math: bool = False,
+    fast_math: bool = True,
     weight_prepack: bool = False,
 ) -> dict[str, Any]:
     """import → partition → tune over RPC → compile/verify/time → report + register.

@@ -189,8 +189,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--fast-math",
-        action="store_true",
-        help="sigmoid/SiLU, erf/GELU and tanh by vectorizable approximations, not libm",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="sigmoid/SiLU, erf/GELU and tanh by vectorizable approximations, not libm's "
+        "scalar calls (default: on)",
     )
     parser.add_argument(
         "--weight-prepack",
@@ -600,6 +602,10 @@ def _collect_argv(args: argparse.Namespace) -> list[str]:
     return argv
 
 
+# Flags that are on unless negated (``--no-...``): relayed as the negation when off.
+_ON_BY_DEFAULT = ("fast_math",)
+
+
 def _tune_argv(args: argparse.Namespace) -> list[str]:
     """The ``tune`` (or ``transfer``) command line of ``args`` (each option's dest is its
     flag)."""
@@ -608,6 +614,9 @@ def _tune_argv(args: argparse.Namespace) -> list[str]:
     argv += [args.command]
     for dest, value in vars(args).items():
         flag = f"--{dest.replace('_', '-')}"
+        if value is False and dest in _ON_BY_DEFAULT:
+            argv.append(f"--no-{dest.replace('_', '-')}")
+            continue
         if dest in ("command", "model", "debug") or value is None or value is False:
             continue
         if value is True:

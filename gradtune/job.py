@@ -65,9 +65,9 @@ class TuneJob:
         directory, which is then the whole library.
     transfer_only : bool, default False
         Transfer and search no further (``gradtune transfer``).
-    fast_math : bool, default False
+    fast_math : bool, default True
         Sigmoid, SiLU, GELU and tanh by vectorizable approximations instead of libm
-        (``partition.Lowering``).
+        (``partition.Lowering``; ``--no-fast-math`` for libm's).
     weight_prepack : bool, default False
         Weights stored in each tuned kernel's loop order, folded at compile time; CPU targets
         only (``partition.Lowering``).
@@ -93,7 +93,7 @@ class TuneJob:
     library: str | None = None
     library_from: str = "auto"
     transfer_only: bool = False
-    fast_math: bool = False
+    fast_math: bool = True
     weight_prepack: bool = False
 
     @property
@@ -233,10 +233,11 @@ def check_resumed_target(job: TuneJob) -> None:
     # Directories from before the options were recorded were tuned without them.
     before = previous.get("lowering", {"weight_prepack": False, "fast_math": False})
     if before != job.lowering_options():
-        said = ", ".join(f"--{k.replace('_', '-')}" for k, on in before.items() if on) or "none"
+        flags = "--fast-math" if before.get("fast_math") else "--no-fast-math"
+        flags += " --weight-prepack" if before.get("weight_prepack") else ""
         raise GradtuneError(
-            f"--out {job.out_dir} was tuned with lowering options: {said}; resume with the same "
-            "options or choose another directory"
+            f"--out {job.out_dir} was tuned with {flags}; resume with the same options or "
+            "choose another directory"
         )
 
 

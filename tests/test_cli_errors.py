@@ -158,8 +158,9 @@ def test_reserved_alias(capsys, out):
 
 
 def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path):
-    """A directory tuned without ``--fast-math`` holds other workloads' records than the same
-    model with it: resuming would quietly start over, so it is refused, before any server."""
+    """A directory tuned with libm's functions holds other workloads' records than the same
+    model with fast math, today's default: resuming would quietly start over, so it is
+    refused, before any server, with the flag that resumes it."""
     from gradtune.frontend import fingerprint
     from gradtune.target import parse_target
 
@@ -170,10 +171,10 @@ def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path):
     record = {"model": model, "entry": "get_model", "target": parse_target("llvm"),
               "fingerprint": fingerprint(model, "get_model", {})}  # fmt: skip
     (out / "run.json").write_text(json.dumps(record))
-    code = main(["tune", model, "--out", str(out), "--resume", "--fast-math"])
+    code = main(["tune", model, "--out", str(out), "--resume"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1
-    assert "tuned with lowering options: none; resume with the same options" in err[0]
+    assert "was tuned with --no-fast-math; resume with the same options" in err[0]
     assert [p.name for p in out.iterdir()] == ["run.json"]
 
 
@@ -185,3 +186,17 @@ def test_weight_prepack_is_refused_for_a_gpu_target():
     with pytest.raises(GradtuneError, match="for CPU targets \\(llvm\\), not cuda"):
         check_lowering(job)
     check_lowering(TuneJob(model="m.onnx", target={"kind": "cuda"}, fast_math=True))
+
+
+def test_the_relayed_command_line_keeps_a_negated_flag():
+    """``gradtune tune`` reruns itself in its own session from the parsed arguments: an option
+    that is on by default and was turned off (``--no-fast-math``) must stay off there."""
+    from gradtune.cli import _tune_argv, build_parser
+
+    parser = build_parser()
+    model = str(EXAMPLES / "small_cnn.py")
+    for flags, fast in (([], True), (["--no-fast-math"], False), (["--fast-math"], True)):
+        args = parser.parse_args(["tune", model, "--trials", "8", *flags])
+        assert args.fast_math is fast
+        relayed = parser.parse_args(_tune_argv(args)[1:])
+        assert (relayed.fast_math, relayed.trials, relayed.model) == (fast, 8, model)

@@ -95,7 +95,8 @@ def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
         "    return model.eval(), (torch.randn(1, 3, 8, 8),)\n"
     )
     model = load_model(source)
-    plain = extract(prepare(model.mod, model.params, llvm_target), llvm_target)
+    exact = Lowering(fast_math=False)
+    plain = extract(prepare(model.mod, model.params, llvm_target, exact), llvm_target)
     fast = extract(
         prepare(model.mod, model.params, llvm_target, Lowering(fast_math=True)), llvm_target
     )

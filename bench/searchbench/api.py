@@ -41,6 +41,15 @@ def partition_model(model: Any, target: Any) -> tuple[Any, list[Any]]:
     return partition(model.mod, model.params, target)
 
 
+def default_lowering() -> dict[str, bool]:
+    """The lowering ``partition_model`` (like the CLI) tunes in, as ``Lowering``'s fields."""
+    from dataclasses import asdict
+
+    from gradtune.partition import DEFAULT_LOWERING
+
+    return asdict(DEFAULT_LOWERING)
+
+
 def workload_key(task: Any) -> str:
     """A task's structural hash as the dataset and the JSONDatabase key workloads."""
     import tvm_ffi

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from searchbench import timing
+from searchbench import api, timing
 from searchbench.layout import Layout, RunSpec, write_json
 from searchbench.models import MODELS, ROOT
 from searchbench.prepare import features_path, file_sha1
@@ -185,6 +185,11 @@ def prepared_ok(layout: Layout, model: str) -> dict[str, Any] | None:
     if record.get("source_sha1") != MODELS[model].source_sha1():
         return None
     if "error" not in record and record.get("features_sha1") != file_sha1(features_path()):
+        return None
+    # Another lowering tunes other tasks (fast math renames and rehashes every SiLU kernel);
+    # preparations from before it was recorded were made with libm's functions.
+    exact = {"weight_prepack": False, "fast_math": False}
+    if "error" not in record and record.get("lowering", exact) != api.default_lowering():
         return None
     return record
 

@@ -103,6 +103,7 @@ def prepare(model: BenchModel, layout: Layout) -> dict[str, Any]:
         "file": str(path),
         "source_sha1": model.source_sha1(),
         "features_sha1": file_sha1(features),
+        "lowering": api.default_lowering(),
         "target": config,
         "tasks": [
             {"name": t.name, "kernel_class": t.kernel_class, "weight": t.weight} for t in tasks

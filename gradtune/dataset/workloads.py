@@ -43,7 +43,7 @@ def extract_workloads(
     """Import every (model, batch) of the zoo, extract its tasks and deduplicate them."""
     import tvm_ffi
 
-    from ..partition import extract, prepare
+    from ..partition import EXACT_LOWERING, extract, prepare
     from ..zoo import import_model, model_tag
 
     by_key: dict[str, WorkloadInfo] = {}
@@ -51,7 +51,9 @@ def extract_workloads(
         for batch in entry.batches:
             mod, params = import_model(entry.model, batch)
             tag = model_tag(entry.model, batch)
-            for task in extract(prepare(mod, params, target), target):
+            # The lowering the dataset was measured in: another would make workloads its records
+            # never cover (re-collecting it with fast math is open work).
+            for task in extract(prepare(mod, params, target, EXACT_LOWERING), target):
                 key = str(tvm_ffi.structural_hash(task.mod))
                 info = by_key.get(key)
                 if info is None:

@@ -189,6 +189,25 @@ def test_measured_programs_are_told_apart_by_sketch_and_the_fastest_seed_the_des
     assert len(search.generate_measure_candidates()) == 4
 
 
+def _search_on(task, target, config):
+    """(gradient search of ``config`` on ``task`` with its own session, the session, the
+    MetaSchedule context), as the task scheduler sets a clone up."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search import make_strategy
+    from gradtune.search.session import Session
+
+    search = make_strategy("gradient", config=config)
+    session = Session()
+    search.attach(session)
+    context = ms.TuneContext(
+        mod=task.mod, target=target, space_generator="post-order-apply",
+        search_strategy="replay-trace", task_name=task.name, num_threads=2,
+    ).clone()  # fmt: skip
+    search._initialize_with_tune_context(context)
+    return search, session, context
+
+
 def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     llvm_target, small_cnn_conv
 ):
@@ -198,21 +217,12 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     from, and the round says how many it chose."""
     from tvm.s_tir import meta_schedule as ms
 
-    from gradtune.search import make_strategy
     from gradtune.search.gradient_search import GradientConfig
-    from gradtune.search.session import Session
     from gradtune.symbolic.sketch import decision_key
 
     conv = small_cnn_conv
     config = GradientConfig(seeds=4, steps=4)  # the explorer and its half of a batch: defaults
-    search = make_strategy("gradient", config=config)
-    session = Session()
-    search.attach(session)
-    context = ms.TuneContext(
-        mod=conv.mod, target=llvm_target, space_generator="post-order-apply",
-        search_strategy="replay-trace", task_name=conv.name, num_threads=2,
-    ).clone()  # fmt: skip
-    search._initialize_with_tune_context(context)
+    search, session, context = _search_on(conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     # Without a database and cost model to run it on there is no explorer: Felix's 1 in 8
     # drawn at random instead.
@@ -249,20 +259,11 @@ def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, smal
     the population it was given."""
     from tvm.s_tir import meta_schedule as ms
 
-    from gradtune.search import make_strategy
     from gradtune.search.gradient_search import GradientConfig
-    from gradtune.search.session import Session
 
     conv = small_cnn_conv
     config = GradientConfig(seeds=4, steps=4, explorer_population=64, explorer_in_warmup=False)
-    search = make_strategy("gradient", config=config)
-    session = Session()
-    search.attach(session)
-    context = ms.TuneContext(
-        mod=conv.mod, target=llvm_target, space_generator="post-order-apply",
-        search_strategy="replay-trace", task_name=conv.name, num_threads=2,
-    ).clone()  # fmt: skip
-    search._initialize_with_tune_context(context)
+    search, session, context = _search_on(conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
     assert search.explorer is not None and search.explorer.population_size == 64

@@ -230,8 +230,10 @@ def check_resumed_target(job: TuneJob) -> None:
             f"--out {job.out_dir} was tuned for target {json.dumps(previous.get('target'))}, "
             f"not {json.dumps(job.target)}; choose another directory"
         )
+    from .partition import EXACT_LOWERING  # TVM is imported by now (the model was loaded)
+
     # Directories from before the options were recorded were tuned without them.
-    before = previous.get("lowering", {"weight_prepack": False, "fast_math": False})
+    before = previous.get("lowering", asdict(EXACT_LOWERING))
     if before != job.lowering_options():
         flags = "--fast-math" if before.get("fast_math") else "--no-fast-math"
         flags += " --weight-prepack" if before.get("weight_prepack") else ""

@@ -41,13 +41,14 @@ def partition_model(model: Any, target: Any) -> tuple[Any, list[Any]]:
     return partition(model.mod, model.params, target)
 
 
-def default_lowering() -> dict[str, bool]:
-    """The lowering ``partition_model`` (like the CLI) tunes in, as ``Lowering``'s fields."""
+def default_lowering(exact: bool = False) -> dict[str, bool]:
+    """The lowering ``partition_model`` (like the CLI) tunes in, as ``Lowering``'s fields;
+    ``exact``: the one before fast math was the default (libm's functions)."""
     from dataclasses import asdict
 
-    from gradtune.partition import DEFAULT_LOWERING
+    from gradtune.partition import DEFAULT_LOWERING, EXACT_LOWERING
 
-    return asdict(DEFAULT_LOWERING)
+    return asdict(EXACT_LOWERING if exact else DEFAULT_LOWERING)
 
 
 def workload_key(task: Any) -> str:

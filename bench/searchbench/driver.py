@@ -188,8 +188,8 @@ def prepared_ok(layout: Layout, model: str) -> dict[str, Any] | None:
         return None
     # Another lowering tunes other tasks (fast math renames and rehashes every SiLU kernel);
     # preparations from before it was recorded were made with libm's functions.
-    exact = {"weight_prepack": False, "fast_math": False}
-    if "error" not in record and record.get("lowering", exact) != api.default_lowering():
+    before = record.get("lowering", api.default_lowering(exact=True))
+    if "error" not in record and before != api.default_lowering():
         return None
     return record
 

@@ -7,8 +7,9 @@ weighs each against the plain lowering, nothing else changed:
 - ``prepack``: weights marked layout-free, so MetaSchedule's ``RewriteLayout`` postprocessor
   may store each in the order the tuned loop nest reads it (Ansor's idea; ONNX Runtime's MLAS
   prepacks its convolution weights too), folded into the constants at compile time.
-- ``fast_math``: sigmoid (and SiLU) legalized as ``1 / (1 + fast_exp(-x))``, vectorizable,
-  instead of one scalar libm ``expf`` call per element.
+- ``fast_math``: sigmoid (and SiLU) legalized as ``1 / (1 + fast_exp(-x))``, erf (GELU) and
+  tanh as ``fast_erf`` / ``fast_tanh``, vectorizable, instead of one scalar libm call per
+  element.
 - ``prepack+fast_math``: both.
 
 Protocol:

@@ -86,6 +86,62 @@ def test_formulas_match_tvm_on_held_out_decisions(matmul_task):
     assert all(r.samples == 4 for r in reports)
 
 
+@pytest.mark.parametrize("op", ["<<", ">>", "&", "|", "^", "~"])
+def test_port_counts_bit_operations_as_the_cpp_extractor_does(op):
+    """TVM 0.27's Python gives bit operations nodes of their own, while the C++ extractor
+    counts each as a pure integer call and visits its operands."""
+    import tvm
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.symbolic.features import evaluate
+    from gradtune.symbolic.program import extract_program
+    from gradtune.symbolic.verify import design_space
+
+    a = te.placeholder((16, 32), name="A", dtype="int32")
+    b = te.placeholder((16, 32), name="B", dtype="int32")
+    apply = {
+        "<<": lambda x, y: x << y,
+        ">>": lambda x, y: x >> y,
+        "&": lambda x, y: x & y,
+        "|": lambda x, y: x | y,
+        "^": lambda x, y: x ^ y,
+        "~": lambda x, y: ~(x + y),
+    }[op]
+    c = te.compute((16, 32), lambda i, j: apply(a[i, j] * 3, b[i, j]), name="C")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, c])})
+    ctx, *_ = design_space(mod, tvm.target.Target({"kind": "llvm", "num-cores": 2}), seed=0)
+    sch = tvm.s_tir.Schedule(mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(mod["main"])
+    ref = ms.feature_extractor.PerStoreFeature().extract_from(
+        ctx, [ms.MeasureCandidate(sch, args)]
+    )[0]
+    program = extract_program(sch.mod)
+    leaves = {k: torch.tensor([float(v)]) for k, v in program.values.items()}
+    np.testing.assert_allclose(evaluate(program, leaves)[0].numpy(), ref.numpy(), atol=1e-9)
+
+
+def test_formulas_are_exact_on_a_fast_math_epilogue():
+    """The default lowering's fast sigmoid (``topi.fast_exp``) fused behind a matmul: its
+    clamps, floor, casts and ``<< 23`` are all counted as TVM counts them."""
+    import tvm
+    from tvm import te, topi
+
+    from gradtune.symbolic.verify import summary, verify_module
+
+    a = te.placeholder((32, 48), name="A")
+    b = te.placeholder((48, 64), name="B")
+    k = te.reduce_axis((0, 48), name="k")
+    c = te.compute((32, 64), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="C")
+    e = topi.fast_exp(topi.negative(c))
+    sig = te.compute((32, 64), lambda i, j: c[i, j] / (1.0 + e[i, j]), name="D")
+    mod = tvm.IRModule({"main": te.create_prim_func([a, b, sig])})
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    result = summary(verify_module(mod, target, samples=3, seed=1), 3)
+    assert result["sketches"] == result["verified_sketches"] >= 1, result
+    assert result["exact_fraction"] == 1.0, result
+
+
 def test_verify_holds_its_samples_out_of_every_fit():
     """No sample is a probe of the sketch-wide fit, nor a neighbour any per-case fit used."""
     import tvm

@@ -289,9 +289,10 @@ def count_ops(expr: Any) -> list[int]:
         elif t in _BINARY:
             prefix = "float_" if _is_float(e.ty) else "int_"
             counts[prefix + _BINARY[t]] += 1
-        elif t == "Call":
+        elif t == "Call" or t in tir.BITWISE:
+            pure = t in tir.BITWISE or _call_is_pure(e)
             prefix = "float_" if _is_float(e.ty) else "int_"
-            counts[prefix + ("math_func" if _call_is_pure(e) else "other_func")] += 1
+            counts[prefix + ("math_func" if pure else "other_func")] += 1
 
     visit(expr)
     return [counts[n] for n in ARITH_NAMES]

@@ -33,7 +33,16 @@ BINARY = (
     "GE",
     "And",
     "Or",
+    "LShift",
+    "RShift",
+    "BitwiseAnd",
+    "BitwiseOr",
+    "BitwiseXor",
 )
+# Bit operations: nodes of their own in TVM 0.27's Python, but counted as pure calls
+# (``int_math_func``) by the C++ feature extractor, children included. ``fast_exp`` builds
+# its power of two with ``<< 23``, so every fast-math kernel holds one.
+BITWISE = ("LShift", "RShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot")
 # Buffer reads: TVM 0.27 prints and builds ``BufferLoad`` as ``TensorLoad``.
 LOADS = ("BufferLoad", "TensorLoad")
 
@@ -48,7 +57,7 @@ def children(expr: Any) -> list[Any]:
     t = node_type(expr)
     if t in BINARY:
         return [expr.a, expr.b]
-    if t == "Not":
+    if t in ("Not", "BitwiseNot"):
         return [expr.a]
     if t == "Select":
         return [expr.condition, expr.true_value, expr.false_value]

@@ -89,7 +89,7 @@ class GradientConfig(NamedTuple):
         the search-efficiency benchmark's held-out models, both searchers on one CPU, the
         hybrid is level with evolutionary search in end-to-end latency at 480 s (geomean
         1.03×) and reaches 95% of the best-known sooner where either does
-        (``bench/results/search_efficiency.md``).
+        (``bench/results/search_efficiency_exact_math.md``, before fast math).
     evolved : float, default 0.5
         The explorer's share of each batch (the ablation's ``explore=0.5``).
     explorer_population : int, default 512

@@ -202,6 +202,17 @@ def estimate_model_us(tasks: list[TuningTask], best_us: dict[str, float]) -> flo
     return total
 
 
+def latency_shares(tasks: list[TuningTask], best_us: dict[str, float]) -> dict[str, float]:
+    """Each measured task's share of Σ weight × best µs over the measured tasks."""
+    costs = {
+        t.name: t.weight * best_us[t.name]
+        for t in tasks
+        if math.isfinite(best_us.get(t.name, math.inf))
+    }
+    total = sum(costs.values())
+    return {name: cost / total for name, cost in costs.items()} if total > 0 else {}
+
+
 def default_trials_per_round(budget: int, num_tasks: int) -> int:
     """Batch size giving every task its warm-up round and, budget permitting, a few more.
 
@@ -357,6 +368,7 @@ def tune(
                 _log_batch(result, tasks, best_us, database, transferred, start, on_round)
             session.trials_left = remaining - first
             best_us.update(best_from_database(database, tasks))
+            session.latency_shares = latency_shares(tasks, best_us)
             if strategy is not None and remaining > first and not session.stop.stopped:
                 ms.tune_tasks(
                     tasks=contexts,

@@ -280,6 +280,32 @@ def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, smal
     assert 1 <= rounds[1].evolved <= 4 and rounds[1].explore_share == 0.5
 
 
+def test_first_batch_is_sized_by_the_tasks_share_of_the_model_latency(llvm_target, small_cnn_conv):
+    """``warmup_by_share``: a task that is 5% of a two-task model's latency at its default
+    schedules gets 2 of 8 candidates (⌈2 · 0.05 · 8⌉, at least 2) first, then whole batches;
+    a task the loop measured nothing of keeps a whole first batch."""
+    from types import SimpleNamespace
+
+    from gradtune.search.gradient_search import GradientConfig
+    from gradtune.tune import latency_shares
+
+    tasks = [SimpleNamespace(name=n, weight=w) for n, w in (("a", 1), ("b", 3), ("c", 1))]
+    shares = latency_shares(tasks, {"a": 10.0, "b": 30.0, "c": math.inf})
+    assert shares == pytest.approx({"a": 0.1, "b": 0.9})
+
+    conv = small_cnn_conv
+    config = GradientConfig(seeds=4, steps=4, evolutionary_explore=False, warmup_by_share=True)
+    search, session, context = _search_on(conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space())
+    session.latency_shares = {conv.name: 0.05, "other": 0.95}
+    assert len(search.generate_measure_candidates()) == 2
+    assert len(search.generate_measure_candidates()) == 8
+    search, session, context = _search_on(conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space())
+    session.latency_shares = {"other": 1.0}
+    assert len(search.generate_measure_candidates()) == 8
+
+
 def test_ensemble_ei_and_contextual_explore_choose_the_batch(llvm_target, small_cnn_conv):
     """AdaTune on Felix: the descent climbs log EI of a four-member ensemble over the task's
     best measured program, and the round's explore share is Eq. 3, clamped and logged. A member

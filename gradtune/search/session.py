@@ -147,12 +147,17 @@ class Session:
         Candidates the run may still hand to the builder (None: no limit). MetaSchedule checks
         its global trial budget only before a batch, so a batch that does not divide what is
         left would overshoot it; strategies cut their batch to this instead.
+    latency_shares : dict of str to float, default {}
+        Each task's share of the model's estimated latency (weight × best µs) when the search
+        starts: the default schedules', which the loop measures first, or a resumed run's best.
+        Set by the loop; a task without a measured latency is not in it.
     """
 
     stop: StopSignal = field(default_factory=StopSignal)
     summary: RunSummary | None = None
     pending: dict[str, SearchRound] = field(default_factory=dict)
     trials_left: int | None = None
+    latency_shares: dict[str, float] = field(default_factory=dict)
 
     def allow(self, wanted: int) -> int:
         """How many of ``wanted`` candidates the trial budget still allows; counted as spent

@@ -70,6 +70,10 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def _round(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
 def run_summary(
     result: dict[str, Any], budget: float, level_us: float, timing: dict[str, float]
 ) -> dict[str, Any]:
@@ -124,7 +128,8 @@ def searcher_summary(runs: list[dict[str, Any]], budget: float) -> dict[str, Any
         "t95_max_bound": len(reached) < len(t95),
         "t95_reached": f"{len(reached)}/{len(t95)}",
         "e2e_ms_median": e2e,
-        "trials_per_min_median": _median([r["trials_per_min"] for r in runs]),
+        # Rounded like each run's rate: a median of two is their mean, with float noise.
+        "trials_per_min_median": _round(_median([r["trials_per_min"] for r in runs]), 1),
         "max_overrun_pct": max((r["overrun_pct"] for r in runs), default=None),
         "over_budget_runs": [r["run_id"] for r in runs if r["over_budget"]],
     }

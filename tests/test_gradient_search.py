@@ -280,6 +280,31 @@ def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, smal
     assert 1 <= rounds[1].evolved <= 4 and rounds[1].explore_share == 0.5
 
 
+def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
+    """``explorer_every=2``: the explorer fills its half of the first batch, the descent the
+    whole second one (1 in 8 at random), the explorer the third."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    with pytest.raises(ValueError, match="explorer_every"):
+        _search_on(small_cnn_conv, llvm_target, GradientConfig(explorer_every=0))
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, explorer_every=2)
+    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    database = ms.database.MemoryDatabase()
+    search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
+    evolved = []
+    for _ in range(3):
+        candidates = search.generate_measure_candidates()
+        results = [
+            ms.runner.RunnerResult(run_secs=[1e-3 + 1e-4 * i], error_msg=None)
+            for i in range(len(candidates))
+        ]
+        search.notify_runner_results(candidates, results)
+        evolved.append(session.take(small_cnn_conv.name).evolved)
+    assert evolved[0] >= 1 and evolved[1] == 0 and evolved[2] >= 1
+
+
 def test_first_batch_is_sized_by_the_tasks_share_of_the_model_latency(llvm_target, small_cnn_conv):
     """``warmup_by_share``: a task that is 5% of a two-task model's latency at its default
     schedules gets 2 of 8 candidates (⌈2 · 0.05 · 8⌉, at least 2) first, then whole batches;

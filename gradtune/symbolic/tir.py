@@ -14,6 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
+# Bit operations: nodes of their own in TVM 0.27's Python, but counted as pure calls
+# (``int_math_func``) by the C++ feature extractor, children included. ``fast_exp`` builds
+# its power of two with ``<< 23``, so every fast-math kernel holds one.
+_BITWISE_BINARY = ("LShift", "RShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor")
+BITWISE = (*_BITWISE_BINARY, "BitwiseNot")
 # Expression nodes with two operands ``a`` and ``b``.
 BINARY = (
     "Add",
@@ -33,16 +38,8 @@ BINARY = (
     "GE",
     "And",
     "Or",
-    "LShift",
-    "RShift",
-    "BitwiseAnd",
-    "BitwiseOr",
-    "BitwiseXor",
+    *_BITWISE_BINARY,
 )
-# Bit operations: nodes of their own in TVM 0.27's Python, but counted as pure calls
-# (``int_math_func``) by the C++ feature extractor, children included. ``fast_exp`` builds
-# its power of two with ``<< 23``, so every fast-math kernel holds one.
-BITWISE = ("LShift", "RShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor", "BitwiseNot")
 # Buffer reads: TVM 0.27 prints and builds ``BufferLoad`` as ``TensorLoad``.
 LOADS = ("BufferLoad", "TensorLoad")
 

@@ -214,7 +214,7 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     """``evolutionary_explore``: up to half of a batch of 8 from MetaSchedule's EvolutionarySearch
     on the scheduler's XGBoost, none of it a program the descent picked; after the batch is
     measured the explorer's programs count as measured and join the history the elites come
-    from, and the round says how many it chose."""
+    from, and the round says how many it chose and the best latency each side found."""
     from tvm.s_tir import meta_schedule as ms
 
     from gradtune.search.gradient_search import GradientConfig
@@ -249,7 +249,11 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     search.notify_runner_results(candidates, results)
     assert set(keys) <= search.measured
     assert min(search.history, key=lambda h: h[0])[2] == search._pending[fastest][1]
-    assert session.take(conv.name).evolved == evolved
+    searched = session.take(conv.name)
+    assert searched.evolved == evolved
+    # Which side found what: the explorer the 1 ms program, the descent its first pick's.
+    assert searched.evolved_best_us == pytest.approx(1e3)
+    assert searched.descent_best_us == pytest.approx(2e3)
 
 
 def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, small_cnn_conv):

@@ -56,3 +56,24 @@ def test_versus_without_an_ablation_or_runs_is_one_line(tmp_path, config, says):
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_best():
+    from searchbench.analysis import best_found_by
+
+    def batch(task: str, descent: float, explorer: float) -> dict:
+        search = {"descent_best_us": descent, "evolved_best_us": explorer}
+        return {"task": task, "search": search}
+
+    inf = float("inf")
+    rounds = [
+        batch("conv", 10.0, 8.0),  # the explorer first ...
+        batch("dense", 3.0, inf),  # a batch with no explorer picks
+        batch("conv", 7.0, 9.0),  # ... then the descent beats it
+        batch("dense", 4.0, 3.0),  # a tie is not an improvement: the descent keeps it
+        {"task": "pool"},  # a task the gradient search handed to evolutionary search
+    ]
+    assert best_found_by({"rounds": rounds}) == {"descent": 2, "explorer": 0}
+    rounds.append(batch("conv", 9.0, 6.5))
+    assert best_found_by({"rounds": rounds}) == {"descent": 1, "explorer": 1}
+    assert best_found_by({"rounds": [{"task": "conv"}]}) is None  # an evolutionary run

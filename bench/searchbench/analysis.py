@@ -98,8 +98,30 @@ def run_summary(
         "records_match_trials": result.get("records_match_trials"),
         "per_round": result["per_round"],
         "search_summary": result.get("search_summary", {}),
+        "best_found_by": best_found_by(result),
         "curve": [(round(t, 1), round(us, 2)) for t, us in curve],
     }
+
+
+def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
+    """Of a gradient run's tasks, how many got their final best from the descent's picks and
+    how many from the explorer's (the round whose batch first reached it); None for a run
+    without the gradient search's per-round account."""
+    best: dict[str, tuple[float, str]] = {}
+    for r in result["rounds"]:
+        search = r.get("search")
+        if search is None:
+            continue
+        for side, us in (
+            ("descent", search["descent_best_us"]),
+            ("explorer", search["evolved_best_us"]),
+        ):
+            if math.isfinite(us) and us < best.get(r["task"], (math.inf, ""))[0]:
+                best[r["task"]] = (us, side)
+    if not best:
+        return None
+    sides = [side for _, side in best.values()]
+    return {"descent": sides.count("descent"), "explorer": sides.count("explorer")}
 
 
 def _fraction_labels() -> list[str]:
@@ -132,7 +154,16 @@ def searcher_summary(runs: list[dict[str, Any]], budget: float) -> dict[str, Any
         "trials_per_min_median": _round(_median([r["trials_per_min"] for r in runs]), 1),
         "max_overrun_pct": max((r["overrun_pct"] for r in runs), default=None),
         "over_budget_runs": [r["run_id"] for r in runs if r["over_budget"]],
+        # Summed over the runs that kept the gradient search's per-round account.
+        "best_found_by": _sum_counts([r.get("best_found_by") for r in runs]),
     }
+
+
+def _sum_counts(counts: list[dict[str, int] | None]) -> dict[str, int] | None:
+    known = [c for c in counts if c is not None]
+    if not known:
+        return None
+    return {side: sum(c[side] for c in known) for side in known[0]}
 
 
 def ratio_range(evo: list[dict], grad: list[dict], budget: float) -> tuple[list[float], bool]:

@@ -321,6 +321,16 @@ def markdown(data: dict[str, Any]) -> str:
         "searchers is timing noise).",
         f"- **Conditions**: {data['conditions']}",
     ]
+    found = {
+        name: by for name, m in view.items()
+        if (by := m.get("searchers", {}).get("gradient", {}).get("best_found_by"))
+    }  # fmt: skip
+    if found:
+        lines.append(
+            "- **Which half of a gradient batch found each task's final best** (descent / "
+            "explorer, tasks summed over the repeats that logged it): "
+            + ", ".join(f"{n} {b['descent']}/{b['explorer']}" for n, b in found.items())
+        )
     lines += sweep_rows(data)
     if data["failed_runs"]:
         lines += ["", "Failed runs (left out of the numbers):"]

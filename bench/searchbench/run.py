@@ -22,6 +22,7 @@ import math
 import os
 import shutil
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -59,6 +60,8 @@ def tune_until_deadline(
             "trials": record.trials,
             "task": record.task,
             "estimated_us": record.estimated_model_us,
+            # The gradient search's account of the batch (what each side of it found).
+            **({"search": asdict(record.search)} if record.search is not None else {}),
         })  # fmt: skip
 
     # On Ctrl-C / SIGTERM, tune() sets its stop signal and raises KeyboardInterrupt once TVM

@@ -389,8 +389,8 @@ class GradientSearch(ReportingStrategy):
             return
         measure_s = time.perf_counter() - self._handed_over
         self.remaining -= len(measure_candidates)
+        split = len(measure_candidates) - self._explored  # the descent's picks come first
         if self._explored:
-            split = len(measure_candidates) - self._explored
             self.explorer.notify_runner_results(measure_candidates[split:], results[split:])
         programs, latencies, predicted, measured = [], [], [], []
         for (k, decisions), score, result in zip(
@@ -409,6 +409,12 @@ class GradientSearch(ReportingStrategy):
                 if feats is not None and torch.isfinite(feats).all():
                     programs.append(feats.detach().to(torch.float32))
                     latencies.append(float(np.median(secs)))
+        latency_us = [
+            1e6 * float(np.median([float(s) for s in r.run_secs]))
+            if r.error_msg is None and r.run_secs
+            else math.inf
+            for r in results
+        ]
         # Scored before fine-tuning on this batch: how well the model predicted it. Two points
         # always correlate ±1, which says nothing.
         enough = len(predicted) >= 3
@@ -430,6 +436,8 @@ class GradientSearch(ReportingStrategy):
                 explore_share=self._explore_share,
                 mean_sigma=self._mean_sigma,
                 dropped_members=self._dropped_members,
+                descent_best_us=min(latency_us[:split], default=math.inf),
+                evolved_best_us=min(latency_us[split:], default=math.inf),
             ),
         )
 

@@ -55,6 +55,10 @@ class SearchRound:
         without an ensemble acquisition).
     dropped_members : int, default 0
         Member scores left out of this round's μ and σ for being NaN or inf.
+    descent_best_us, evolved_best_us : float, default inf
+        The batch's best median latency among the descent's picks (its random explore share
+        included) and among the explorer's (any sketch): which side found what, so a
+        benchmark can say what each contributes to a task's best.
     """
 
     predicted_best: float
@@ -69,6 +73,8 @@ class SearchRound:
     explore_share: float = math.nan
     mean_sigma: float = math.nan
     dropped_members: int = 0
+    descent_best_us: float = math.inf
+    evolved_best_us: float = math.inf
 
 
 @dataclass

@@ -1,8 +1,9 @@
 """Tune the tasks with MetaSchedule's task scheduler, recording every measured batch.
 
 The search strategy is the plug-in point: gradtune's gradient search (the default) or one of
-MetaSchedule's own by name, always a ``ReportingStrategy``; builder, RPC runner, JSONDatabase
-and the gradient task scheduler are MetaSchedule's. The loop hands the strategy the run's
+MetaSchedule's own by name, always a ``ReportingStrategy``; builder, RPC runner and
+JSONDatabase are MetaSchedule's, and so is the task scheduler's policy (``search/scheduler.py``
+joins each batch once measured and keeps the time budget). The loop hands the strategy the run's
 ``Session`` (``search/session.py``): the stop signal that ends the run between rounds (time
 budget, Ctrl-C), and the place where the strategy's account of each batch meets the loop's
 measure callback, which writes the batch's one ``RoundLog``.
@@ -33,6 +34,7 @@ from .measure.rpc_session import DeviceWatch
 from .measure.runner import MeasureSettings, make_rpc_runner
 from .partition import TuningTask
 from .search import SEARCH_STRATEGIES, make_strategy
+from .search.scheduler import GradientTaskScheduler
 from .search.session import ReportingStrategy, RoundLog, RunSummary, Session
 from .stop import defer_signals
 from .tvm_compat import register_tensor_intrinsics
@@ -340,10 +342,14 @@ def tune(
     ] if strategy is not None else []  # fmt: skip
     start = time.perf_counter()
     devices = DeviceWatch(session.stop)
+    scheduler = GradientTaskScheduler(
+        seed=seed, deadline=None if time_budget is None else start + time_budget
+    )
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
         _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),
         devices,
+        scheduler.feedback(),
     ]
     builder = make_builder(max_workers=cores)
     # The adaptive evaluator cuts a candidate far slower than its task's best so far.
@@ -381,8 +387,9 @@ def tune(
                     database=database,
                     cost_model=cost_model,
                     measure_callbacks=callbacks,
-                    task_scheduler="gradient",
+                    task_scheduler=scheduler,
                 )
+                result.stopped_by_time_budget |= scheduler.out_of_time
     finally:
         runner.pool.shutdown()
     devices.raise_if_lost()

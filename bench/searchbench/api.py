@@ -186,10 +186,10 @@ def tune(
 def stop_at(strategy: Any, seconds: float) -> threading.Timer:
     """Set the run's stop signal after ``seconds`` (started here; cancel it when tuning ends).
 
-    ``tune`` checks its time budget only when MetaSchedule joins a batch, and the gradient task
-    scheduler joins none until every task's warm-up batch was generated, built and sent: the
-    budget alone cannot stop a run during the warm-up. ``tune`` attaches its ``Session`` to the
-    strategy before tuning starts, so the timer looks the session up when it fires."""
+    ``tune`` keeps its time budget when it picks a task and when a batch is joined; a
+    generation under way (MetaSchedule's evolution, tens of seconds on a large task) learns of
+    the budget only from this signal. ``tune`` attaches its ``Session`` to the strategy before
+    tuning starts, so the timer looks the session up when it fires."""
     timer = threading.Timer(seconds, lambda: strategy.session.stop.set())
     timer.daemon = True
     timer.start()

@@ -307,9 +307,9 @@ def markdown(data: dict[str, Any]) -> str:
         f"Runs whose wall time exceeded B by more than {OVERRUN_LIMIT_PCT:g}% are bold with ⚠"
         + (f" ({', '.join(over)})" if over else " (none)")
         + "; the overrun is work already under way at B (a generation, batches queued for "
-        "building and measuring). A batch counts from when MetaSchedule joins it (its records "
-        "enter the database then); the warm-up round joins every task's first batch only "
-        "after all of them were generated, so curves start at the end of the warm-up.",
+        "building and measuring); the task scheduler starts no batch that its task's last "
+        "batch says cannot end by B. A batch counts from when it is joined (its records enter "
+        "the database then), which is once it is measured, in the warm-up round too.",
         f"- **t95**: seconds until a run's estimated latency (Σ weight × best kernel µs) came "
         f"within {TARGET_SHARE:.0%} of the best any run of the model reached within B; "
         "'> B' is a bound (never reached), ratios with a bound are marked ≥ / ≤ and left out "

@@ -7,8 +7,8 @@ its wall time and overrun are recorded, and the evaluation counts only what was 
 the budget. Every measured batch is logged with its wall-clock time and the cumulative trial
 count; the JSONDatabase appends one record per measured candidate in measurement order, so
 its first N records are exactly the database as it stood at that time. (A batch is logged
-when MetaSchedule joins it, which is also when its records are committed; in the warm-up
-round, every task's first batch is joined only after all of them were generated.)
+when the task scheduler joins it, which is also when its records are committed; gradtune's
+joins each batch once it is measured, in the warm-up round too, ``search/scheduler.py``.)
 
 At ¼, ½ and the whole budget the model is compiled with the database cut to the records
 measured by then, its outputs checked against the source framework, and the library exported

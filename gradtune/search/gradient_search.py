@@ -101,9 +101,9 @@ class GradientConfig(NamedTuple):
     explorer_in_warmup : bool, default True
         Whether the explorer fills its share of a task's first batch when the database holds
         nothing of the task. Its population then has no measured program to start from, and
-        MetaSchedule's XGBoost scores at random until it holds 100 programs
-        (``num_warmup_samples``), which no first batch has seen: the warm-up joins no result
-        until every task's first batch is out. Off, that batch's explore share is ``explore``,
+        MetaSchedule's XGBoost scores at random until it has been trained on 100 programs
+        (``num_warmup_samples``), which the first tasks' first batches do not give it. Off,
+        that batch's explore share is ``explore``,
         drawn at random from the descent's candidates, and the pretrained model picks the rest.
     explorer_every : int, default 1
         The explorer fills its share of every ``explorer_every``-th batch of a task, from the
@@ -124,10 +124,10 @@ class GradientConfig(NamedTuple):
         confident model can still be wrong), never more than half of a batch.
     warmup : int or None, default None
         Candidates in a task's first batch, when fewer than the task scheduler's batch.
-        MetaSchedule's gradient task scheduler sends every task its first batch before it
-        collects any result, so with 15 tasks of 25 candidates no result arrives until 375
-        programs are built and run (over 4 minutes on 2 cores). A pretrained model's few best
-        picks give each task its first latency sooner. None sends the full batch.
+        The task scheduler sends every task its first batch before any task gets a second,
+        so with 15 tasks of 25 candidates no task gets a second batch until 375 programs are
+        built and run (over 4 minutes on 2 cores). A pretrained model's few best picks give
+        each task its first latency sooner. None sends the full batch.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
         search starts (weight × the default schedule's measured latency, over all n tasks;

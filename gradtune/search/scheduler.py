@@ -1,0 +1,180 @@
+"""MetaSchedule's gradient task scheduler, joining each batch once it is measured and starting
+none that cannot end within the time budget.
+
+MetaSchedule's ``GradientBased`` scheduler first gives every task one batch (the warm-up), then
+always the task whose weighted gain per batch is steepest. Two of its habits cost a run that has
+a time budget:
+
+- It joins no batch until every task has had its first. Measured programs wait unread: the
+  database, the progress bar and the search strategies see nothing, and the budget, which
+  ``tune`` checks when a batch is joined, cannot stop the warm-up. In the search benchmark's
+  480 s runs of a 15-task model, the first batch was joined after 262 to 394 s.
+- It starts a batch whatever time is left, so a run overshoots its budget by the batch under
+  way: by up to 10% of 480 s there.
+
+``GradientTaskScheduler`` keeps the policy and changes both. Before every pick it joins the
+batches whose measurements are all in (MetaSchedule's ``TouchTask``, which ``GradientBased``
+calls only after the warm-up). It starts a task's batch only if the task's last batch took (pick
+to join) no longer than what is left of the budget; else the next task in line that fits; if
+none does, the run ends, and MetaSchedule's loop joins what is in flight.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+
+log = logging.getLogger("gradtune.search")
+
+FAILED_MS = 1e9  # MetaSchedule's latency for a batch without a single working program
+
+
+def steepest_first(
+    histories: Sequence[Sequence[float]],
+    weights: Sequence[float],
+    alive: Sequence[int],
+    rng: random.Random,
+    alpha: float = 0.2,
+    window: int = 3,
+) -> list[int]:
+    """``alive`` tasks in the order MetaSchedule's gradient scheduler would want them.
+
+    ``histories[i]``: task i's best latency (ms) after each of its joined batches. A task's
+    gradient is ``weight × (alpha · (best window batches ago − best) / window + (1 − alpha) ·
+    best / batches)``: recent progress, and the latency still at stake per batch spent. A task
+    without a working program comes last. When every gradient is equal (no history yet), the
+    order is random, as MetaSchedule then picks at random; among partly equal ones the lower
+    index first, as its ``max_element`` does.
+    """
+    gradient = {}
+    for i in alive:
+        history = histories[i]
+        n = len(history)
+        if n == 0 or history[-1] >= FAILED_MS:
+            gradient[i] = -math.inf
+            continue
+        best = history[-1]
+        recent = (history[-1 - window] - best) / window if n > window else 0.0
+        gradient[i] = weights[i] * (alpha * recent + (1 - alpha) * best / n)
+    if len(set(gradient.values())) <= 1:
+        order = list(alive)
+        rng.shuffle(order)
+        return order
+    return sorted(alive, key=lambda i: -gradient[i])
+
+
+@derived_object
+class GradientTaskScheduler(ms.task_scheduler.PyTaskScheduler):
+    """MetaSchedule's gradient task scheduler that joins batches early and keeps a deadline.
+
+    Parameters
+    ----------
+    seed : int, default 0
+        Seeds the random pick among tasks of equal gradient.
+    deadline : float or None, default None
+        ``clock()`` time by which the run should end; None: no time limit.
+    alpha, window : float, int, default 0.2, 3
+        The gradient's weights (``steepest_first``); MetaSchedule's defaults.
+    clock : callable, default time.perf_counter
+
+    Give ``ms.tune_tasks`` its ``feedback()`` among the measure callbacks: that is how the
+    scheduler learns what each joined batch measured, and how long it took.
+    """
+
+    def __init__(
+        self,
+        seed: int = 0,
+        deadline: float | None = None,
+        alpha: float = 0.2,
+        window: int = 3,
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
+        super().__init__()
+        self.rng = random.Random(seed)
+        self.deadline = deadline
+        self.alpha = alpha
+        self.window = window
+        self.clock = clock
+        self.history: dict[int, list[float]] = {}  # per task: best ms after each joined batch
+        self.picked_at: dict[int, float] = {}
+        self.batch_s: dict[int, float] = {}  # per task: pick to join of its last batch
+        self.warmup: list[int] | None = None  # tasks still waiting for their first batch
+        self.out_of_time = False
+
+    def feedback(self) -> Any:
+        """The measure callback that tells this scheduler about every joined batch."""
+        return _Feedback(self)
+
+    def joined(self, task_id: int, runner_results: Sequence[Any]) -> None:
+        latencies = [
+            1e3 * statistics.median(float(s) for s in r.run_secs)
+            for r in runner_results
+            if r.error_msg is None and r.run_secs
+        ]
+        history = self.history.setdefault(task_id, [])
+        history.append(min([*latencies, *history[-1:], FAILED_MS]))
+        if task_id in self.picked_at:
+            self.batch_s[task_id] = self.clock() - self.picked_at.pop(task_id)
+
+    def expected_s(self, task_id: int) -> float:
+        """How long a batch of the task should take: its last one's pick to join, else the
+        median over the tasks measured so far (0 before any)."""
+        if task_id in self.batch_s:
+            return self.batch_s[task_id]
+        return statistics.median(self.batch_s.values()) if self.batch_s else 0.0
+
+    def fits(self, task_id: int) -> bool:
+        if self.deadline is None:
+            return True
+        now = self.clock()
+        return now < self.deadline and now + self.expected_s(task_id) <= self.deadline
+
+    def next_task_id(self) -> int:
+        scheduler = self._outer()
+        records = scheduler.tasks_
+        if self.warmup is None:
+            self.warmup = list(range(len(records)))
+        for i in range(len(records)):
+            scheduler.touch_task(i)  # joins the task's batch if it is all measured
+        if self.warmup:
+            line = list(self.warmup)
+        else:
+            alive = [i for i, record in enumerate(records) if not record.is_terminated]
+            for i in alive:
+                # After the warm-up every task has a history before the gradients are compared
+                # (MetaSchedule joins them all there too).
+                if records[i].runner_futures is not None and i not in self.history:
+                    scheduler.join_running_task(i)
+            histories = [self.history.get(i, []) for i in range(len(records))]
+            weights = [float(record.task_weight) for record in records]
+            line = steepest_first(histories, weights, alive, self.rng, self.alpha, self.window)
+        task_id = next((i for i in line if self.fits(i)), -1)
+        if task_id < 0:
+            if line:  # only the deadline refuses a task
+                self.out_of_time = True
+                left = self.deadline - self.clock()
+                log.info("time budget: %.0f s left, too short for any batch; stopping", left)
+            return -1
+        if task_id in self.warmup:
+            self.warmup.remove(task_id)
+        if records[task_id].runner_futures is not None:
+            scheduler.join_running_task(task_id)
+        self.picked_at[task_id] = self.clock()
+        return task_id
+
+
+@derived_object
+class _Feedback(ms.measure_callback.PyMeasureCallback):
+    def __init__(self, scheduler: Any) -> None:
+        self.scheduler = scheduler
+
+    def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
+        self.scheduler.joined(task_id, runner_results)

@@ -1,0 +1,126 @@
+"""The task scheduler: MetaSchedule's gradient policy, early joins, and the time budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import time
+
+import pytest
+
+from gradtune.partition import partition
+from gradtune.search.scheduler import FAILED_MS, steepest_first
+
+
+def test_steepest_first_orders_tasks_by_weighted_gradient():
+    """gradient = weight × (0.2 · (best 3 batches ago − best) / 3 + 0.8 · best / batches)."""
+    histories = [
+        [10.0, 10.0, 10.0, 10.0],  # stalled: 0.8 · 10 / 4 = 2.0
+        [40.0, 20.0, 10.0, 4.0],  # improving: 0.2 · 12 + 0.8 · 1 = 3.2
+        [3.0],  # one batch: 0.8 · 3 = 2.4, weight 2: 4.8
+        [FAILED_MS],  # nothing works yet: last
+        [],  # never joined: last
+    ]
+    weights = [1.0, 1.0, 2.0, 5.0, 5.0]
+    order = steepest_first(histories, weights, range(5), random.Random(0))
+    assert order[:3] == [2, 1, 0] and set(order[3:]) == {3, 4}
+    # A terminated task is not in ``alive``.
+    assert steepest_first(histories, weights, [0, 1], random.Random(0)) == [1, 0]
+
+
+def test_steepest_first_picks_at_random_among_equals():
+    """No history at all (every gradient equal): a seeded random order, as MetaSchedule picks
+    at random then."""
+
+    def order(seed: int) -> list[int]:
+        return steepest_first([[]] * 6, [1.0] * 6, range(6), random.Random(seed))
+
+    orders = {tuple(order(seed)) for seed in range(8)}
+    assert all(sorted(o) == list(range(6)) for o in orders) and len(orders) > 1
+    assert order(3) == order(3)
+
+
+def test_a_batch_starts_only_if_its_tasks_last_batch_fits_in_the_time_left():
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.scheduler import GradientTaskScheduler
+
+    now = [0.0]
+    scheduler = GradientTaskScheduler(deadline=100.0, clock=lambda: now[0])
+    assert scheduler.fits(0)  # nothing measured yet: no estimate, time left
+    results = [
+        ms.runner.RunnerResult(run_secs=[2e-3, 1e-3, 3e-3], error_msg=None),
+        ms.runner.RunnerResult(run_secs=None, error_msg="build failed"),
+    ]
+    scheduler.picked_at[0], now[0] = 10.0, 40.0
+    scheduler.joined(0, results)
+    scheduler.picked_at[1], now[0] = 40.0, 60.0
+    scheduler.joined(1, results[1:])
+    assert scheduler.history == {0: [2.0], 1: [FAILED_MS]}  # median ms, failures as MetaSchedule
+    assert scheduler.batch_s == {0: 30.0, 1: 20.0}
+    now[0] = 75.0
+    assert not scheduler.fits(0)  # 75 + 30 > 100
+    assert scheduler.fits(1)  # 75 + 20 ≤ 100
+    assert scheduler.fits(2)  # never measured: the median, 25 s
+    now[0] = 80.0
+    assert not scheduler.fits(2) and scheduler.fits(1)
+    now[0] = 100.0
+    assert not scheduler.fits(1)
+    assert GradientTaskScheduler(deadline=None).fits(0)
+
+
+@pytest.mark.slow
+def test_warmup_joins_a_measured_batch_before_every_task_had_its_first(
+    tiny_model, llvm_target, tmp_path
+):
+    """MetaSchedule's gradient scheduler joins no batch until every task had its first one.
+    Here the first task's batch, measured while the next ones are generated, is joined (its
+    round logged) before the last task gets its first batch."""
+    from tvm.ir.utils import derived_object
+
+    from gradtune.frontend import load_model
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.search.stoppable import Stoppable
+    from gradtune.tune import tune
+    from tests.conftest import EXAMPLES
+
+    wide = load_model(EXAMPLES / "small_cnn.py", entry="tiny_mlp_wide")
+    tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)[1] + [
+        dataclasses.replace(t, name=f"{t.name}_wide")
+        for t in partition(wide.mod, wide.params, llvm_target)[1]
+    ]
+    assert len(tasks) >= 3
+    events: list[tuple[str, str]] = []
+
+    @derived_object
+    class Recording(Stoppable._cls):
+        """MetaSchedule's replay-trace, logging its batches; a task's first batch waits 3 s
+        after another task's (time for that one to be measured)."""
+
+        def __init__(self, session=None) -> None:
+            super().__init__("replay-trace", session)
+            self.name, self.first = "", True
+
+        def _initialize_with_tune_context(self, context) -> None:
+            super()._initialize_with_tune_context(context)
+            self.name = str(context.task_name)
+
+        def generate_measure_candidates(self):
+            if self.first and events:
+                time.sleep(3)
+            self.first = False
+            events.append(("generate", self.name))
+            return super().generate_measure_candidates()
+
+        def clone(self):
+            return Recording(self.session)
+
+    with LocalFleet() as tracker:
+        result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=4 * len(tasks),
+                      search=Recording(), trials_per_round=2,
+                      on_round=lambda r: events.append(("round", r.task)))  # fmt: skip
+    generated = [i for i, (kind, _) in enumerate(events) if kind == "generate"]
+    first_round = next(i for i, (kind, _) in enumerate(events) if kind == "round")
+    assert first_round < generated[len(tasks) - 1], events
+    assert {name for kind, name in events if kind == "round"} == {t.name for t in tasks}
+    assert result.rounds[-1].trials == result.trials

@@ -518,13 +518,17 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
 # Set in the environment of a command's own process to the pid of the one relaying to it.
 _RELAYED_BY = "GRADTUNE_RELAYED_BY"
+# The tracking URI reaches that process in its environment, not on its command line, which
+# every user of the machine can read (ps, /proc/PID/cmdline): it may carry a password.
+_RELAYED_MLFLOW_URI = "GRADTUNE_RELAYED_MLFLOW_URI"
 
 
 def _run_in_own_session(
-    module_argv: list[str], kill_after: float | None = None
+    module_argv: list[str], kill_after: float | None = None, env: dict[str, str] | None = None
 ) -> tuple[int, int | None]:
     """Run ``python -m MODULE ARG ...`` as the leader of a new session, relaying SIGINT and
-    SIGTERM to it; returns its exit code and the first signal relayed (None if none).
+    SIGTERM to it; returns its exit code and the first signal relayed (None if none). ``env``
+    is added to its environment.
 
     A terminal's Ctrl-C signals its whole foreground process group (so does ``kill -- -PGID``):
     Prefect's temporary API server and TVM's build and run workers would die with the batch in
@@ -558,9 +562,9 @@ def _run_in_own_session(
     handled = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, relay) for sig in handled}
     try:
-        env = {**os.environ, _RELAYED_BY: str(os.getpid())}
+        environment = {**os.environ, **(env or {}), _RELAYED_BY: str(os.getpid())}
         argv = [sys.executable, "-m", "gradtune.lifeline", str(os.getpid()), *module_argv]
-        child = subprocess.Popen(argv, env=env, start_new_session=True)
+        child = subprocess.Popen(argv, env=environment, start_new_session=True)
         for signum in early:
             child.send_signal(signum)
         while True:
@@ -608,7 +612,7 @@ _ON_BY_DEFAULT = ("fast_math",)
 
 def _tune_argv(args: argparse.Namespace) -> list[str]:
     """The ``tune`` (or ``transfer``) command line of ``args`` (each option's dest is its
-    flag)."""
+    flag), but for ``--mlflow-uri`` (``_RELAYED_MLFLOW_URI``)."""
     argv = ["gradtune.cli"]
     argv += ["--debug"] if args.debug else []  # a top-level flag: before the subcommand
     argv += [args.command]
@@ -617,7 +621,7 @@ def _tune_argv(args: argparse.Namespace) -> list[str]:
         if value is False and dest in _ON_BY_DEFAULT:
             argv.append(f"--no-{dest.replace('_', '-')}")
             continue
-        if dest in ("command", "model", "debug") or value is None or value is False:
+        if dest in ("command", "model", "debug", "mlflow_uri") or value is None or value is False:
             continue
         if value is True:
             argv.append(flag)
@@ -659,22 +663,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
         # The process of _run_in_own_session: its parent checked everything (checked_job).
         from .job import make_job
 
+        settings["mlflow_uri"] = os.environ.get(_RELAYED_MLFLOW_URI)
         return _tune_here(make_job(args.target, **settings))
     checked_job(args.target, **settings)
-    return _supervise_tune(_tune_argv(args))
+    secret = {_RELAYED_MLFLOW_URI: args.mlflow_uri} if args.mlflow_uri else {}
+    return _supervise_tune(_tune_argv(args), secret)
 
 
 # The tuning flow stops itself within stop.GRACE_SECONDS of a signal; this is the backstop.
 _TUNE_KILL_AFTER = 7.0
 
 
-def _supervise_tune(module_argv: list[str]) -> int:
+def _supervise_tune(module_argv: list[str], env: dict[str, str]) -> int:
     """Run the tuning in its own session (``_run_in_own_session``), so that however it is
     blocked, a signal ends it within ``_TUNE_KILL_AFTER`` seconds; say how it ended if not on
     its own."""
     import signal
 
-    code, signum = _run_in_own_session(module_argv, kill_after=_TUNE_KILL_AFTER)
+    code, signum = _run_in_own_session(module_argv, _TUNE_KILL_AFTER, env)
     # Checking the job (the model's import) may have left worker processes of this one;
     # they would outlive an os._exit.
     import psutil

@@ -200,3 +200,14 @@ def test_the_relayed_command_line_keeps_a_negated_flag():
         assert args.fast_math is fast
         relayed = parser.parse_args(_tune_argv(args)[1:])
         assert (relayed.fast_math, relayed.trials, relayed.model) == (fast, 8, model)
+
+
+def test_the_relayed_command_line_never_holds_the_tracking_uri():
+    """A tracking URI may carry a password, and a command line is readable by every user of
+    the machine (ps): the relayed tuning process gets the URI in its environment instead."""
+    from gradtune.cli import _tune_argv, build_parser
+
+    uri = "http://alice:s3cret@127.0.0.1:5000"
+    args = build_parser().parse_args(["tune", str(EXAMPLES / "small_cnn.py"), "--mlflow-uri", uri])
+    argv = _tune_argv(args)
+    assert not any("s3cret" in item or "mlflow" in item for item in argv), argv

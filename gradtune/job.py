@@ -101,8 +101,13 @@ class TuneJob:
         return Path(self.out)
 
     def lowering_options(self) -> dict[str, bool]:
-        """The fields of ``partition.Lowering`` (what changes the tuned workloads)."""
-        return {"weight_prepack": self.weight_prepack, "fast_math": self.fast_math}
+        """The job's values of ``partition.Lowering``'s fields (what changes the tuned
+        workloads), each a field of the job by the same name."""
+        from dataclasses import fields
+
+        from .partition import Lowering
+
+        return {f.name: getattr(self, f.name) for f in fields(Lowering)}
 
     def flow_parameters(self) -> dict[str, Any]:
         """The job as the parameters of the ``tune-model`` flow: its fields, the resolved target

@@ -211,3 +211,14 @@ def test_the_relayed_command_line_never_holds_the_tracking_uri():
     args = build_parser().parse_args(["tune", str(EXAMPLES / "small_cnn.py"), "--mlflow-uri", uri])
     argv = _tune_argv(args)
     assert not any("s3cret" in item or "mlflow" in item for item in argv), argv
+
+
+def test_a_job_records_every_lowering_option():
+    """What changes the tuned workloads is recorded whole: each ``Lowering`` field, by name."""
+    from dataclasses import asdict
+
+    from gradtune.job import TuneJob
+    from gradtune.partition import Lowering
+
+    job = TuneJob(model="m.onnx", target={"kind": "llvm"}, fast_math=False, weight_prepack=True)
+    assert job.lowering_options() == asdict(Lowering(fast_math=False, weight_prepack=True))

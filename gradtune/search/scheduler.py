@@ -10,7 +10,7 @@ a time budget:
   ``tune`` checks when a batch is joined, cannot stop the warm-up. In the search benchmark's
   480 s runs of a 15-task model, the first batch was joined after 262 to 394 s.
 - It starts a batch whatever time is left, so a run overshoots its budget by the batch under
-  way: by up to 10% of 480 s there.
+  way: by up to 9.6% of 480 s there.
 
 ``GradientTaskScheduler`` keeps the policy and changes both. Before every pick it joins the
 batches whose measurements are all in (MetaSchedule's ``TouchTask``, which ``GradientBased``

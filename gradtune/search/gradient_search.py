@@ -392,29 +392,29 @@ class GradientSearch(ReportingStrategy):
         split = len(measure_candidates) - self._explored  # the descent's picks come first
         if self._explored:
             self.explorer.notify_runner_results(measure_candidates[split:], results[split:])
-        programs, latencies, predicted, measured = [], [], [], []
-        for (k, decisions), score, result in zip(
-            self._pending, self._pending_scores, results, strict=False
-        ):
-            secs = [float(s) for s in (result.run_secs or [])]
-            if decisions is None:  # an explorer's program outside the modelled sketches
-                continue
-            self.measured.add((k, decision_key(decisions)))
-            if result.error_msg is None and secs:
-                if math.isfinite(score):  # the explorer's picks were not scored by the MLP
-                    predicted.append(score)
-                    measured.append(float(np.median(secs)))
-                self.history.append((float(np.median(secs)), k, decisions))
-                feats = self.sketches[k].features_at(decisions, "smooth", refit=False)
-                if feats is not None and torch.isfinite(feats).all():
-                    programs.append(feats.detach().to(torch.float32))
-                    latencies.append(float(np.median(secs)))
-        latency_us = [
-            1e6 * float(np.median([float(s) for s in r.run_secs]))
+        # Each candidate's median latency (seconds), inf where it failed.
+        median_s = [
+            float(np.median([float(s) for s in r.run_secs]))
             if r.error_msg is None and r.run_secs
             else math.inf
             for r in results
         ]
+        programs, latencies, predicted, measured = [], [], [], []
+        for (k, decisions), score, secs in zip(
+            self._pending, self._pending_scores, median_s, strict=False
+        ):
+            if decisions is None:  # an explorer's program outside the modelled sketches
+                continue
+            self.measured.add((k, decision_key(decisions)))
+            if math.isfinite(secs):
+                if math.isfinite(score):  # the explorer's picks were not scored by the MLP
+                    predicted.append(score)
+                    measured.append(secs)
+                self.history.append((secs, k, decisions))
+                feats = self.sketches[k].features_at(decisions, "smooth", refit=False)
+                if feats is not None and torch.isfinite(feats).all():
+                    programs.append(feats.detach().to(torch.float32))
+                    latencies.append(secs)
         # Scored before fine-tuning on this batch: how well the model predicted it. Two points
         # always correlate ±1, which says nothing.
         enough = len(predicted) >= 3
@@ -436,8 +436,8 @@ class GradientSearch(ReportingStrategy):
                 explore_share=self._explore_share,
                 mean_sigma=self._mean_sigma,
                 dropped_members=self._dropped_members,
-                descent_best_us=min(latency_us[:split], default=math.inf),
-                evolved_best_us=min(latency_us[split:], default=math.inf),
+                descent_best_us=1e6 * min(median_s[:split], default=math.inf),
+                evolved_best_us=1e6 * min(median_s[split:], default=math.inf),
             ),
         )
 

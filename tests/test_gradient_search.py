@@ -347,7 +347,7 @@ def test_auto_ranker_orders_the_picks_by_the_model_that_ranked_recent_batches_be
     config = GradientConfig(seeds=4, steps=4, evolutionary_explore=False, explore=0.0,
                             ranker="auto")  # fmt: skip
     search, session, context = _search_on(conv, llvm_target, config)
-    search.ranker.trees_warmup = 8
+    search.ranker.trees_warmup = 1  # the first batch trains them
     trees = ms.cost_model.XGBModel(num_warmup_samples=0)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(), trees)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +102,14 @@ def test_ranking_pools_the_batches_both_models_scored_and_counts_the_trees_batch
         "trees_ranked": 3, "batches": 7,
     }  # fmt: skip
     assert _pooled_ranking([None]) is None
+
+
+def test_an_ablation_may_set_the_cost_models_fine_tuning_beside_gradient_config_fields():
+    from searchbench.layout import Layout, split_gradient_kwargs
+
+    layout = Layout(Path("work"), 480, "ranker=auto,finetune_epochs=16,finetune_lr=1e-3")
+    assert layout.root == Path("work/480s-ranker=auto,finetune_epochs=16,finetune_lr=1e-3")
+    fields, finetune = split_gradient_kwargs(layout.gradient_kwargs())
+    assert fields == {"ranker": "auto"} and finetune == {"epochs": 16, "lr": 1e-3}
+    assert not layout.needs_ensemble()  # GradientConfig never sees the fine-tuning keys
+    assert split_gradient_kwargs({}) == ({}, {})

@@ -16,6 +16,13 @@ Per setting it prints, over every batch of ≥ 3 valid measurements:
   best): what picking by score costs, 1.0 is perfect;
 - ``finetune_ms``: mean time of one fine-tune (it sits on the search's critical path).
 
+Beside the settings, the row ``metaschedule_xgb`` replays MetaSchedule's ``XGBModel`` (its
+defaults, as the task scheduler trains it for the evolutionary explorer and the peer): one model
+per run, from nothing, updated on every batch after scoring it, on TVM's own features. Where it
+ranks a held-out model's batches better than the fine-tuned MLP, the descent (which follows the
+MLP) finds less than the explorer (which follows the trees). Each row is also broken down per
+model.
+
 Each run starts from the weights pretrained without its model (the benchmark's leave-out
 weights named in ``prepared/<model>.json``), so nothing leaks. The last line is one JSON object.
 
@@ -47,6 +54,7 @@ SETTINGS = [
     ("epochs32_lr1e-3", 32, 1e-3),
     ("none", 0, 0.0),
 ]
+XGB = "metaschedule_xgb"
 
 
 def batches_of(db_dir: Path, target: Any) -> list[Any]:
@@ -77,7 +85,7 @@ def batches_of(db_dir: Path, target: Any) -> list[Any]:
     return out
 
 
-def cached_batches(db_dir: Path, target: Any) -> list[Any]:
+def cached_batches(db_dir: Path, target: Any, schedules: bool = False) -> list[Any]:
     """``batches_of``, featurized once per run (replaying traces is most of the time): kept
     beside the run's database, keyed by the record file's size and mtime."""
     import torch
@@ -87,7 +95,7 @@ def cached_batches(db_dir: Path, target: Any) -> list[Any]:
     records = db_dir / "database_tuning_record.json"
     stamp = [records.stat().st_size, records.stat().st_mtime_ns]
     cache = db_dir.parent / "replay_features.pt"
-    if cache.is_file():
+    if cache.is_file() and not schedules:  # the cache keeps no schedules (TVM objects)
         blob = torch.load(cache, weights_only=False)
         if blob.get("stamp") == stamp:
             return [WorkloadData(b["key"], None, "", None, [], *b["data"]) for b in blob["batches"]]
@@ -97,25 +105,48 @@ def cached_batches(db_dir: Path, target: Any) -> list[Any]:
     return batches
 
 
+def _row(scores: np.ndarray, latencies: np.ndarray) -> dict[str, float]:
+    from gradtune.costmodel.train import spearman
+
+    rho = spearman(scores, -latencies)
+    top = int(np.argmax(scores))
+    return {
+        "spearman": 0.0 if math.isnan(rho) else rho,
+        "regret": float(latencies[top] / latencies.min()),
+    }
+
+
+def replay_xgb(batches: list[Any]) -> list[dict[str, float]]:
+    """MetaSchedule's XGBModel, replayed as the task scheduler trains it: scored, then updated."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.costmodel.evaluate import _candidates, _results
+
+    xgb = ms.cost_model.XGBModel()
+    rows = []
+    for data in batches:
+        latencies = np.asarray(data.latencies)
+        candidates = _candidates(data)
+        if len(latencies) >= 3:
+            rows.append(_row(np.asarray(xgb.predict(data.context, candidates)), latencies))
+        start = time.perf_counter()
+        xgb.update(data.context, candidates, _results(data.latencies))
+        if rows:
+            rows[-1].setdefault("finetune_s", time.perf_counter() - start)
+    return rows
+
+
 def replay(batches: list[Any], weights: Path, epochs: int, lr: float) -> list[dict[str, float]]:
     from gradtune.costmodel import model as mlp
     from gradtune.costmodel.online import OnlineCostModel
-    from gradtune.costmodel.train import predict, spearman
+    from gradtune.costmodel.train import predict
 
     online = OnlineCostModel(mlp.load(weights), str(weights), epochs=epochs, lr=lr)
     rows = []
     for data in batches:
         latencies = np.asarray(data.latencies)
         if len(latencies) >= 3:
-            scores = predict(online.model, data.symbolic)
-            top = int(np.argmax(scores))
-            rho = spearman(scores, -latencies)
-            rows.append(
-                {
-                    "spearman": 0.0 if math.isnan(rho) else rho,
-                    "regret": float(latencies[top] / latencies.min()),
-                }
-            )
+            rows.append(_row(predict(online.model, data.symbolic), latencies))
         start = time.perf_counter()
         if epochs > 0:
             online.observe(data.key, list(data.symbolic), list(latencies))
@@ -124,11 +155,29 @@ def replay(batches: list[Any], weights: Path, epochs: int, lr: float) -> list[di
     return rows
 
 
+def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
+    if not rows:
+        return {"spearman_median": math.nan, "top1_regret_geomean": math.nan,
+                "finetune_ms_mean": math.nan, "batches": 0}  # fmt: skip
+    regret = np.exp(np.mean([np.log(r["regret"]) for r in rows]))
+    finetune_ms = 1e3 * float(np.mean([r.get("finetune_s", 0.0) for r in rows]))
+    return {
+        "spearman_median": round(float(np.median([r["spearman"] for r in rows])), 3),
+        "top1_regret_geomean": round(float(regret), 3),
+        "finetune_ms_mean": round(finetune_ms, 1),
+        "batches": len(rows),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work")
     parser.add_argument("--budget", type=int, default=480, help="whose runs to replay")
     parser.add_argument("--models", nargs="+", default=["mbconv_se", "unet_small", "bert_block"])
+    parser.add_argument("--settings", nargs="+", choices=[s[0] for s in SETTINGS],
+                        help="fine-tuning settings to replay (default: all)")  # fmt: skip
+    parser.add_argument("--no-xgb", dest="xgb", action="store_false",
+                        help=f"leave out the {XGB} row (it replays every trace again)")  # fmt: skip
     args = parser.parse_args()
 
     from gradtune.target import make_target
@@ -149,32 +198,36 @@ def main() -> int:
             db = run / "db"
             if not (run / "result.json").is_file() or not (db / "database_workload.json").is_file():
                 continue
-            batches = cached_batches(db, target)
+            batches = cached_batches(db, target, schedules=args.xgb)
             runs.append((model, run.name, batches, Path(info["weights"])))
             print(f"{model}/{run.name}: {len(batches)} batches", file=sys.stderr)
     if not runs:
         print(f"online_finetune: error: no finished runs under {base}", file=sys.stderr)
         return 2
     results = {}
-    print(f"{'setting':<18} {'spearman':>9} {'top1_regret':>12} {'finetune_ms':>12} {'batches':>8}")
-    for name, epochs, lr in SETTINGS:
-        rows = []
-        for _, _, batches, weights in runs:
-            rows += replay(batches, weights, epochs, lr)
-        regret = np.exp(np.mean([np.log(r["regret"]) for r in rows]))
-        finetune_ms = 1e3 * np.mean([r.get("finetune_s", 0.0) for r in rows])
-        result = {
-            "epochs": epochs,
-            "lr": lr,
-            "spearman_median": round(float(np.median([r["spearman"] for r in rows])), 3),
-            "top1_regret_geomean": round(float(regret), 3),
-            "finetune_ms_mean": round(float(finetune_ms), 1),
-            "batches": len(rows),
-        }
+    models = list(dict.fromkeys(m for m, _, _, _ in runs))
+    print(
+        f"{'setting':<18} {'spearman':>9} {'top1_regret':>12} {'finetune_ms':>12} {'batches':>8}"
+        + "".join(f" {'rho ' + m:>16}" for m in models)
+    )
+    settings = [s for s in SETTINGS if s[0] in args.settings] if args.settings else SETTINGS
+    if args.xgb:
+        settings = [*settings, (XGB, 0, 0.0)]
+    for name, epochs, lr in settings:
+        per_model: dict[str, list[dict[str, float]]] = {m: [] for m in models}
+        for model, _, batches, weights in runs:
+            if name == XGB:
+                per_model[model] += replay_xgb(batches)
+            else:
+                per_model[model] += replay(batches, weights, epochs, lr)
+        rows = [r for m in models for r in per_model[m]]
+        result = {"epochs": epochs, "lr": lr, **_summary(rows)}
+        result["models"] = {m: _summary(per_model[m]) for m in models}
         results[name] = result
         print(
             f"{name:<18} {result['spearman_median']:>9.3f} {result['top1_regret_geomean']:>12.3f}"
             f" {result['finetune_ms_mean']:>12.1f} {result['batches']:>8}"
+            + "".join(f" {result['models'][m]['spearman_median']:>16.3f}" for m in models)
         )
     commit = subprocess.run(
         ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT

@@ -309,6 +309,87 @@ def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
     assert evolved[0] >= 1 and evolved[1] == 0 and evolved[2] >= 1
 
 
+def test_ranker_choice_compares_recent_batches_once_the_trees_are_trained():
+    """``RankerChoice``: the trees count only after ``trees_warmup`` measured programs; the choice
+    averages the last ``window`` finite comparisons and needs two of them."""
+    from gradtune.search.ranker import RankerChoice
+
+    choice = RankerChoice(window=3, trees_warmup=10)
+    choice.count(9)
+    assert not choice.trees_trained
+    choice.count(1)
+    assert choice.trees_trained
+    choice.record(0.1, 0.8)
+    assert not choice.prefer_trees(), "one batch is not a comparison"
+    choice.record(0.2, math.nan)  # a batch the trees did not score: no evidence
+    assert not choice.prefer_trees()
+    choice.record(0.2, 0.6)
+    assert choice.prefer_trees()
+    for _ in range(3):  # the MLP has since learned: only the last three count
+        choice.record(0.7, 0.3)
+    assert not choice.prefer_trees() and len(choice.comparisons) == 3
+
+
+def test_auto_ranker_orders_the_picks_by_the_model_that_ranked_recent_batches_better(
+    llvm_target, small_cnn_conv
+):
+    """``ranker="auto"``: the trees (the task scheduler's XGBoost) score the descent's picks once
+    the run has measured enough programs; each measured batch is a comparison of the two
+    models' rankings, and the next picks go in the order of the one that did better."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.costmodel.train import spearman
+    from gradtune.search.gradient_search import GradientConfig
+
+    with pytest.raises(ValueError, match="ranker"):
+        _search_on(small_cnn_conv, llvm_target, GradientConfig(ranker="xgb"))
+    conv = small_cnn_conv
+    config = GradientConfig(seeds=4, steps=4, evolutionary_explore=False, explore=0.0,
+                            ranker="auto")  # fmt: skip
+    search, session, context = _search_on(conv, llvm_target, config)
+    search.ranker.trees_warmup = 1  # the first batch trains them
+    trees = ms.cost_model.XGBModel(num_warmup_samples=0)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(), trees)
+
+    def measure(secs_of) -> tuple:
+        candidates = search.generate_measure_candidates()
+        secs = secs_of(len(candidates))
+        results = [ms.runner.RunnerResult(run_secs=[s], error_msg=None) for s in secs]
+        pending_trees = list(search._pending_trees)
+        search.notify_runner_results(candidates, results)
+        trees.update(context, candidates, results)  # as the task scheduler does after a batch
+        return session.take(conv.name), pending_trees, secs
+
+    # Before the run has measured trees_warmup programs, the trees do not score.
+    first, pending_trees, _ = measure(lambda n: [1e-3 * (1 + 0.1 * i) for i in range(n)])
+    assert first.ranked_by == "mlp" and math.isnan(first.trees_spearman)
+    assert all(math.isnan(t) for t in pending_trees)
+    # Then they score every pick, and the batch's measurement grades both rankings.
+    second, pending_trees, secs = measure(lambda n: [1e-3 * (2 - 0.1 * i) for i in range(n)])
+    assert second.ranked_by == "mlp", "no comparison yet"
+    assert all(math.isfinite(t) for t in pending_trees)
+    expected = spearman(np.asarray(pending_trees), -np.asarray(secs))
+    assert second.trees_spearman == pytest.approx(expected, nan_ok=True)
+    graded = math.isfinite(second.prediction_spearman) and math.isfinite(expected)
+    assert list(search.ranker.comparisons) == (
+        [(second.prediction_spearman, second.trees_spearman)] if graded else []
+    )
+    # Trees ahead on the recent batches: the next picks are in the trees' order.
+    search.ranker.comparisons.clear()
+    for _ in range(2):
+        search.ranker.record(0.0, 0.9)
+    third, pending_trees, _ = measure(lambda n: [1e-3] * n)
+    assert third.ranked_by == "trees"
+    assert pending_trees == sorted(pending_trees, reverse=True)
+    # The MLP ahead: its order again.
+    search.ranker.comparisons.clear()
+    for _ in range(2):
+        search.ranker.record(0.9, 0.0)
+    search.generate_measure_candidates()
+    assert search._ranked_by == "mlp"
+    assert search._pending_scores == sorted(search._pending_scores, reverse=True)
+
+
 def test_first_batch_is_sized_by_the_tasks_share_of_the_model_latency(llvm_target, small_cnn_conv):
     """``warmup_by_share``: a task that is 5% of a two-task model's latency at its default
     schedules gets 2 of 8 candidates (⌈2 · 0.05 · 8⌉, at least 2) first, then whole batches;

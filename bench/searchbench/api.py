@@ -124,7 +124,6 @@ def make_searcher(
     if name == "gradient":
         from gradtune.costmodel.online import OnlineCostModel
         from gradtune.search.gradient_search import GradientConfig
-
         from searchbench.layout import split_gradient_kwargs
 
         fields, finetune = split_gradient_kwargs(gradient or {})

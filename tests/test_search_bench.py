@@ -80,36 +80,12 @@ def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_bes
     assert best_found_by({"rounds": [{"task": "conv"}]}) is None  # an evolutionary run
 
 
-def test_ranking_pools_the_batches_both_models_scored_and_counts_the_trees_batches():
-    from searchbench.analysis import _pooled_ranking, ranking
-
-    nan = float("nan")
-
-    def batch(mlp: float, trees: float, by: str) -> dict:
-        search = {"prediction_spearman": mlp, "trees_spearman": trees, "ranked_by": by}
-        return {"task": "conv", "search": search}
-
-    # Before ranker=auto's fields existed, and while the trees did not score: nothing to say.
-    assert ranking({"rounds": [{"task": "conv", "search": {"prediction_spearman": 0.5}}]}) is None
-    assert ranking({"rounds": [batch(0.5, nan, "mlp")]}) is None
-    one = ranking({"rounds": [batch(0.1, nan, "mlp"), batch(0.2, 0.6, "mlp"),
-                              batch(nan, 0.4, "trees"), batch(0.3, 0.7, "trees")]})  # fmt: skip
-    assert one == {"mlp_spearman": [0.2, 0.3], "trees_spearman": [0.6, 0.7],
-                   "trees_ranked": 2, "batches": 4}  # fmt: skip
-    two = {"mlp_spearman": [0.0], "trees_spearman": [0.9], "trees_ranked": 1, "batches": 3}
-    assert _pooled_ranking([one, None, two]) == {
-        "mlp_spearman_median": 0.2, "trees_spearman_median": 0.7,
-        "trees_ranked": 3, "batches": 7,
-    }  # fmt: skip
-    assert _pooled_ranking([None]) is None
-
-
 def test_an_ablation_may_set_the_cost_models_fine_tuning_beside_gradient_config_fields():
     from searchbench.layout import Layout, split_gradient_kwargs
 
-    layout = Layout(Path("work"), 480, "ranker=auto,finetune_epochs=16,finetune_lr=1e-3")
-    assert layout.root == Path("work/480s-ranker=auto,finetune_epochs=16,finetune_lr=1e-3")
+    layout = Layout(Path("work"), 480, "elite=0.5,finetune_epochs=16,finetune_lr=1e-3")
+    assert layout.root == Path("work/480s-elite=0.5,finetune_epochs=16,finetune_lr=1e-3")
     fields, finetune = split_gradient_kwargs(layout.gradient_kwargs())
-    assert fields == {"ranker": "auto"} and finetune == {"epochs": 16, "lr": 1e-3}
+    assert fields == {"elite": 0.5} and finetune == {"epochs": 16, "lr": 1e-3}
     assert not layout.needs_ensemble()  # GradientConfig never sees the fine-tuning keys
     assert split_gradient_kwargs({}) == ({}, {})

@@ -99,7 +99,6 @@ def run_summary(
         "per_round": result["per_round"],
         "search_summary": result.get("search_summary", {}),
         "best_found_by": best_found_by(result),
-        "ranking": ranking(result),
         "curve": [(round(t, 1), round(us, 2)) for t, us in curve],
     }
 
@@ -123,27 +122,6 @@ def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
         return None
     sides = [side for _, side in best.values()]
     return {"descent": sides.count("descent"), "explorer": sides.count("explorer")}
-
-
-def ranking(result: dict[str, Any]) -> dict[str, Any] | None:
-    """How the gradient run's MLP and the task scheduler's trees ranked the descent's measured
-    picks (per-batch Spearman), and in how many batches the trees chose them
-    (``GradientConfig.ranker="auto"``); None unless the trees scored some batch."""
-    rounds = [r["search"] for r in result["rounds"] if r.get("search")]
-    pairs = [
-        (s["prediction_spearman"], s["trees_spearman"])
-        for s in rounds
-        if math.isfinite(s.get("trees_spearman", math.nan))
-        and math.isfinite(s["prediction_spearman"])
-    ]
-    if not pairs:
-        return None
-    return {
-        "mlp_spearman": [p[0] for p in pairs],
-        "trees_spearman": [p[1] for p in pairs],
-        "trees_ranked": sum(s.get("ranked_by") == "trees" for s in rounds),
-        "batches": len(rounds),
-    }
 
 
 def _fraction_labels() -> list[str]:
@@ -178,22 +156,6 @@ def searcher_summary(runs: list[dict[str, Any]], budget: float) -> dict[str, Any
         "over_budget_runs": [r["run_id"] for r in runs if r["over_budget"]],
         # Summed over the runs that kept the gradient search's per-round account.
         "best_found_by": _sum_counts([r.get("best_found_by") for r in runs]),
-        "ranking": _pooled_ranking([r.get("ranking") for r in runs]),
-    }
-
-
-def _pooled_ranking(rankings: list[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """Median per-batch Spearman of each model over every compared batch of the runs."""
-    known = [r for r in rankings if r is not None]
-    if not known:
-        return None
-    return {
-        "mlp_spearman_median": _round(_median([x for r in known for x in r["mlp_spearman"]]), 2),
-        "trees_spearman_median": _round(
-            _median([x for r in known for x in r["trees_spearman"]]), 2
-        ),
-        "trees_ranked": sum(r["trees_ranked"] for r in known),
-        "batches": sum(r["batches"] for r in known),
     }
 
 

@@ -331,21 +331,6 @@ def markdown(data: dict[str, Any]) -> str:
             "explorer, tasks summed over the repeats that logged it): "
             + ", ".join(f"{n} {b['descent']}/{b['explorer']}" for n, b in found.items())
         )
-    ranked = {
-        name: r for name, m in view.items()
-        if (r := m.get("searchers", {}).get("gradient", {}).get("ranking"))
-    }  # fmt: skip
-    if ranked:
-        lines.append(
-            "- **Which model ranked the descent's picks better** (`ranker=auto`; median "
-            "per-batch Spearman of the MLP / the task scheduler's trees over the measured picks "
-            "both scored, and the batches the trees ranked): "
-            + ", ".join(
-                f"{n} {r['mlp_spearman_median']} / {r['trees_spearman_median']} "
-                f"({r['trees_ranked']} of {r['batches']})"
-                for n, r in ranked.items()
-            )
-        )
     lines += sweep_rows(data)
     if data["failed_runs"]:
         lines += ["", "Failed runs (left out of the numbers):"]

@@ -26,7 +26,6 @@ from gradtune.costmodel.ensemble import Scale
 from gradtune.costmodel.online import OnlineCostModel
 from gradtune.costmodel.train import spearman
 from gradtune.search.acquisition import contextual_epsilon, log_expected_improvement
-from gradtune.search.ranker import RankerChoice
 from gradtune.search.session import ReportingStrategy, RunSummary, SearchRound, Session
 from gradtune.symbolic.sketch import SymbolicSketch, decision_key
 from gradtune.symbolic.variables import sampling_insts_of
@@ -129,12 +128,6 @@ class GradientConfig(NamedTuple):
         so with 15 tasks of 25 candidates no task gets a second batch until 375 programs are
         built and run (over 4 minutes on 2 cores). A pretrained model's few best picks give
         each task its first latency sooner. None sends the full batch.
-    ranker : {"mlp", "auto"}, default "mlp"
-        What ranks the descent's rounded iterates for measurement. ``mlp`` is Felix's: the
-        score it descends (``acquisition``). ``auto`` also scores them with the XGBoost
-        MetaSchedule's task scheduler trains on every measured program, and ranks by whichever
-        of the two ranked the run's recent measured batches better (``search.ranker``), once
-        the trees have seen 100 programs. The descent climbs the MLP either way.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
         search starts (weight × the default schedule's measured latency, over all n tasks;
@@ -166,7 +159,6 @@ class GradientConfig(NamedTuple):
     explore_bounds: tuple[float, float] = (0.05, 0.5)
     warmup: int | None = None
     warmup_by_share: bool = False
-    ranker: str = "mlp"
 
     @property
     def needs_ensemble(self) -> bool:
@@ -195,9 +187,6 @@ class GradientSearch(ReportingStrategy):
         Seeds, steps and the rest; None for the defaults.
     session : Session or None, default None
         The run's session (``tune`` attaches its own); its ``RunSummary`` is created here.
-    ranker : RankerChoice or None, default None
-        The run's record of which model ranks better (``ranker="auto"``), shared by the
-        clones; None starts one.
     """
 
     def __init__(
@@ -205,7 +194,6 @@ class GradientSearch(ReportingStrategy):
         cost_model: OnlineCostModel | None = None,
         config: GradientConfig | None = None,
         session: Session | None = None,
-        ranker: RankerChoice | None = None,
     ) -> None:
         self.cost_model = cost_model if cost_model is not None else OnlineCostModel.default()
         self.config = config or GradientConfig()
@@ -213,8 +201,6 @@ class GradientSearch(ReportingStrategy):
             raise ValueError(
                 f"acquisition must be 'score' or 'ei', not {self.config.acquisition!r}"
             )
-        if self.config.ranker not in ("mlp", "auto"):
-            raise ValueError(f"ranker must be 'mlp' or 'auto', not {self.config.ranker!r}")
         if self.config.explorer_every < 1:
             raise ValueError(f"explorer_every must be at least 1, not {self.config.explorer_every}")
         if self.config.needs_ensemble and len(self.cost_model.members) < 2:
@@ -227,9 +213,6 @@ class GradientSearch(ReportingStrategy):
         self.sketches: list[SymbolicSketch] = []
         self.fallback: Any = None
         self.explorer: Any = None  # EvolutionarySearch filling the explore share
-        self.ranker = ranker if ranker is not None else RankerChoice()
-        self.trees: Any = None  # the task scheduler's cost model, when it may rank the picks
-        self._ranked_by = "mlp"
         # Per modelled sketch: its instruction count and text without decisions; and the text
         # of its simplified trace (dead instructions and postprocessors dropped).
         self.signatures: list[tuple[int, str]] = []
@@ -248,7 +231,6 @@ class GradientSearch(ReportingStrategy):
         self._last_descent_s = 0.0
         self._last_predicted = 0.0
         self._pending_scores: list[float] = []
-        self._pending_trees: list[float] = []  # the trees' scores of the descent's picks
         self._handed_over = 0.0
         # The round's acquisition context (``_calibrate``): the members' scale over random
         # programs, the incumbent's μ, the explore share, and the members dropped for a
@@ -298,7 +280,6 @@ class GradientSearch(ReportingStrategy):
                 self.simple_signatures.append(simple_signature(space.trace))
         if database is not None:
             self._load_measured(database)
-        self.trees = cost_model if self.config.ranker == "auto" else None
         if not self.sketches:
             self.summary.fallback_tasks.append(str(self.context.task_name))
             log.warning("%s: no sketch can be modelled; evolutionary search instead",
@@ -369,21 +350,19 @@ class GradientSearch(ReportingStrategy):
         # The explorer first: what it cannot fill (all it found was measured), the descent does.
         explored = self._evolve(self._explore_count(count) if self._exploring else 0)
         taken = {(k, decision_key(d)) for _, k, d in explored if d is not None}
-        picks = self._search(count - len(explored), exclude=taken)  # (k, d, score, trees)
+        picks = self._search(count - len(explored), exclude=taken)
         self.session.refund(count - len(picks) - len(explored))
         self._last_search_s = time.perf_counter() - start
         if not picks and not explored:
             return None
         args_info = ms.arg_info.ArgInfo.from_prim_func(self.context.mod["main"])
-        self._pending = [(k, d) for k, d, _, _ in picks] + [(k, d) for _, k, d in explored]
-        self._pending_scores = [score for _, _, score, _ in picks] + [math.nan] * len(explored)
-        self._pending_trees = [trees for _, _, _, trees in picks]
+        self._pending = [(k, d) for k, d, _ in picks] + [(k, d) for _, k, d in explored]
+        self._pending_scores = [score for _, _, score in picks] + [math.nan] * len(explored)
         self._explored = len(explored)
         self._handed_over = time.perf_counter()
         self.batches += 1
         return [
-            ms.MeasureCandidate(self.sketches[k].replay(d).schedule, args_info)
-            for k, d, _, _ in picks
+            ms.MeasureCandidate(self.sketches[k].replay(d).schedule, args_info) for k, d, _ in picks
         ] + [candidate for candidate, _, _ in explored]
 
     def _evolve(self, count: int) -> list[tuple[Any, int, dict | None]]:
@@ -405,7 +384,6 @@ class GradientSearch(ReportingStrategy):
         return found
 
     def notify_runner_results(self, measure_candidates, results) -> None:
-        self.ranker.count(len(results))
         if self.fallback is not None:
             self.fallback.notify_runner_results(measure_candidates, results)
             return
@@ -441,8 +419,6 @@ class GradientSearch(ReportingStrategy):
         # always correlate ±1, which says nothing.
         enough = len(predicted) >= 3
         rho = spearman(np.asarray(predicted), -np.asarray(measured)) if enough else math.nan
-        trees_rho = self._trees_spearman(median_s[:split])
-        self.ranker.record(rho, trees_rho)
         task = str(self.context.task_name)
         loss = self.cost_model.observe(task, programs, latencies)
         self.session.searched(
@@ -462,26 +438,11 @@ class GradientSearch(ReportingStrategy):
                 dropped_members=self._dropped_members,
                 descent_best_us=1e6 * min(median_s[:split], default=math.inf),
                 evolved_best_us=1e6 * min(median_s[split:], default=math.inf),
-                ranked_by=self._ranked_by,
-                trees_spearman=trees_rho,
             ),
         )
 
-    def _trees_spearman(self, descent_s: list[float]) -> float:
-        """The trees' rank correlation with the measured speed of the descent's picks, before
-        either model learned from them (NaN when the trees did not score the batch)."""
-        pairs = [
-            (t, secs)
-            for t, secs in zip(self._pending_trees, descent_s, strict=False)
-            if math.isfinite(t) and math.isfinite(secs)
-        ]
-        if len(pairs) < 3:
-            return math.nan
-        trees, secs = (np.asarray(x) for x in zip(*pairs, strict=True))
-        return spearman(trees, -secs)
-
     def clone(self) -> GradientSearch:
-        return GradientSearch(self.cost_model, self.config, self.session, self.ranker)
+        return GradientSearch(self.cost_model, self.config, self.session)
 
     # -- Algorithm 1 ---------------------------------------------------------------------------
     def _load_measured(self, database: Any) -> None:
@@ -551,11 +512,8 @@ class GradientSearch(ReportingStrategy):
                 chosen.setdefault(k, []).append(decisions)
         return chosen
 
-    def _search(
-        self, count: int, exclude: set | None = None
-    ) -> list[tuple[int, dict, float, float]]:
-        """The descent's ``count`` picks, none measured or in ``exclude`` (sketch, decision key):
-        (sketch, decisions, score, the trees' score or NaN)."""
+    def _search(self, count: int, exclude: set | None = None) -> list[tuple[int, dict, float]]:
+        """The descent's ``count`` picks, none measured or in ``exclude`` (sketch, decision key)."""
         cfg = self.config
         start = time.perf_counter()
         # (sketch index, decision key) → (sketch index, decisions, seed id): the same decisions
@@ -602,30 +560,29 @@ class GradientSearch(ReportingStrategy):
         self._last_descent_s = time.perf_counter() - start
         return self._pick(fresh, count)
 
-    def _pick(self, fresh: list, count: int) -> list[tuple[int, dict, float, float]]:
-        """Re-score every rounded candidate at its integer point; best first (by the ranker,
-        ``ranker``), plus exploration."""
-        by_sketch: dict[int, list[tuple[dict, int, Any]]] = {}
+    def _pick(self, fresh: list, count: int) -> list[tuple[int, dict, float]]:
+        """Re-score every rounded candidate at its integer point; best first, plus exploration."""
+        by_sketch: dict[int, list[tuple[dict, int]]] = {}
         for k, decisions, sid in fresh:
             probe = self.sketches[k].replay(decisions)
             if probe is None or not probe.valid:  # rejected by a postprocessor or GPU limits
                 continue
-            by_sketch.setdefault(k, []).append((decisions, sid, probe.schedule))
+            by_sketch.setdefault(k, []).append((decisions, sid))
         scored = []
         for k, entries in by_sketch.items():
             sym = self.sketches[k]
             # One pass over all of a sketch's candidates (their cases compiled together) rather
             # than one evaluation per candidate: integer points encode and round back exactly.
-            points = torch.tensor(np.stack([sym.variables.encode(d) for d, _, _ in entries]))
+            points = torch.tensor(np.stack([sym.variables.encode(d) for d, _ in entries]))
             with torch.no_grad():
                 feats = sym.features(points, "smooth", refit=False)
-            for (d, sid, sch), f in zip(entries, feats, strict=True):
+            for (d, sid), f in zip(entries, feats, strict=True):
                 if f is not None and torch.isfinite(f).all():
-                    scored.append((k, d, f.to(torch.float32), sid, sch))
+                    scored.append((k, d, f.to(torch.float32), sid))
         if not scored:
             return []
         with torch.no_grad():
-            scores = self._acquire([f for _, _, f, _, _ in scored]).numpy()
+            scores = self._acquire([f for _, _, f, _ in scored]).numpy()
         finite = np.isfinite(scores)
         if not finite.all():
             # A prediction that is NaN/inf says nothing: drop it (counted), keep the rest.
@@ -634,11 +591,7 @@ class GradientSearch(ReportingStrategy):
             scores = scores[finite]
             if not scored:
                 return []
-        trees = self._tree_scores([sch for *_, sch in scored])
-        self._ranked_by = "trees" if trees is not None and self.ranker.prefer_trees() else "mlp"
-        order = list(np.argsort(-(trees if self._ranked_by == "trees" else scores)))
-        if trees is None:
-            trees = np.full(len(scored), math.nan)
+        order = list(np.argsort(-scores))
         if self.config.per_seed_first:
             firsts, seen = [], set()
             for i in order:
@@ -653,17 +606,7 @@ class GradientSearch(ReportingStrategy):
         rest = order[count - explore :]
         chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit
         self._last_predicted = float(scores.max())
-        return [(scored[i][0], scored[i][1], float(scores[i]), float(trees[i])) for i in chosen]
-
-    def _tree_scores(self, schedules: list[Any]) -> np.ndarray | None:
-        """The task scheduler's cost model's scores of ``schedules`` (higher = faster), or None
-        while it is not to rank (``ranker="mlp"``, or it has not seen enough programs)."""
-        if self.trees is None or not self.ranker.trees_trained or not schedules:
-            return None
-        args_info = ms.arg_info.ArgInfo.from_prim_func(self.context.mod["main"])
-        candidates = [ms.MeasureCandidate(sch, args_info) for sch in schedules]
-        scores = np.asarray(self.trees.predict(self.context, candidates), dtype="float64")
-        return scores if np.isfinite(scores).all() else None
+        return [(scored[i][0], scored[i][1], float(scores[i])) for i in chosen]
 
     # -- AdaTune's acquisition (acquisition="ei", contextual_explore) ---------------------------
     def _acquire(self, programs: list[torch.Tensor]) -> torch.Tensor:

@@ -59,11 +59,6 @@ class SearchRound:
         The batch's best median latency among the descent's picks (its random explore share
         included) and among the explorer's (any sketch): which side found what, so a
         benchmark can say what each contributes to a task's best.
-    ranked_by : {"mlp", "trees"}, default "mlp"
-        Which model ranked the descent's picks (``GradientConfig.ranker``).
-    trees_spearman : float, default NaN
-        ``prediction_spearman`` of the task scheduler's trees over the descent's picks, when
-        they scored them (``ranker="auto"``, once trained).
     """
 
     predicted_best: float
@@ -80,8 +75,6 @@ class SearchRound:
     dropped_members: int = 0
     descent_best_us: float = math.inf
     evolved_best_us: float = math.inf
-    ranked_by: str = "mlp"
-    trees_spearman: float = math.nan
 
 
 @dataclass

@@ -18,10 +18,9 @@ Per setting it prints, over every batch of ≥ 3 valid measurements:
 
 Beside the settings, the row ``metaschedule_xgb`` replays MetaSchedule's ``XGBModel`` (its
 defaults, as the task scheduler trains it for the evolutionary explorer and the peer): one model
-per run, from nothing, updated on every batch after scoring it, on TVM's own features. Where it
-ranks a held-out model's batches better than the fine-tuned MLP, the descent (which follows the
-MLP) finds less than the explorer (which follows the trees). Each row is also broken down per
-model.
+per run, from nothing, updated on every batch after scoring it, on TVM's own features: does the
+model the hybrid's explorer follows rank a held-out model's batches better than the MLP its
+descent follows? Each row is also broken down per model.
 
 Each run starts from the weights pretrained without its model (the benchmark's leave-out
 weights named in ``prepared/<model>.json``), so nothing leaks. The last line is one JSON object.

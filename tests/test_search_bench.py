@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -78,14 +77,3 @@ def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_bes
     rounds.append(batch("conv", 9.0, 6.5))
     assert best_found_by({"rounds": rounds}) == {"descent": 1, "explorer": 1}
     assert best_found_by({"rounds": [{"task": "conv"}]}) is None  # an evolutionary run
-
-
-def test_an_ablation_may_set_the_cost_models_fine_tuning_beside_gradient_config_fields():
-    from searchbench.layout import Layout, split_gradient_kwargs
-
-    layout = Layout(Path("work"), 480, "elite=0.5,finetune_epochs=16,finetune_lr=1e-3")
-    assert layout.root == Path("work/480s-elite=0.5,finetune_epochs=16,finetune_lr=1e-3")
-    fields, finetune = split_gradient_kwargs(layout.gradient_kwargs())
-    assert fields == {"elite": 0.5} and finetune == {"epochs": 16, "lr": 1e-3}
-    assert not layout.needs_ensemble()  # GradientConfig never sees the fine-tuning keys
-    assert split_gradient_kwargs({}) == ({}, {})

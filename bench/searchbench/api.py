@@ -118,20 +118,18 @@ def make_searcher(
     """The strategy ``--search NAME`` gives, the gradient search's cost model loaded from
     ``weights`` (the leave-this-model-out copy, a deep ensemble's when the configuration
     needs one) and its ``GradientConfig`` from ``gradient`` (an ablation; None for the
-    defaults), whose ``finetune_epochs`` / ``finetune_lr`` set the cost model's fine-tuning."""
+    defaults)."""
     from gradtune.search import make_strategy
 
     if name == "gradient":
         from gradtune.costmodel.online import OnlineCostModel
         from gradtune.search.gradient_search import GradientConfig
-        from searchbench.layout import split_gradient_kwargs
 
-        fields, finetune = split_gradient_kwargs(gradient or {})
-        config = GradientConfig(**fields)
+        config = GradientConfig(**(gradient or {}))
         if config.needs_ensemble:
-            cost_model = OnlineCostModel.ensemble(target_kind, path=weights, **finetune)
+            cost_model = OnlineCostModel.ensemble(target_kind, path=weights)
         else:
-            cost_model = OnlineCostModel.default(target_kind, path=weights, **finetune)
+            cost_model = OnlineCostModel.default(target_kind, path=weights)
         return make_strategy("gradient", target_kind, cost_model=cost_model, config=config)
     return make_strategy(name, target_kind)
 

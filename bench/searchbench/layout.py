@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 SEARCHERS = ("gradient", "evolutionary")
-# Keys of --gradient-config that set the gradient search's cost model, not its GradientConfig.
-FINETUNE_KEYS = {"finetune_epochs": "epochs", "finetune_lr": "lr"}
 FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where end-to-end latency is measured
 
 
@@ -72,10 +70,8 @@ class Layout:
     budget : float
         Seconds per run.
     gradient_config : str, default ""
-        An ablation of the gradient search (``GradientConfig`` fields, ``elite=0.5,steps=32``,
-        and ``finetune_epochs`` / ``finetune_lr``: its cost model's online fine-tuning,
-        ``OnlineCostModel``'s ``epochs`` and ``lr``); its runs live apart from the default
-        configuration's (``<budget>s-<config>``).
+        An ablation of the gradient search (``GradientConfig`` fields, ``elite=0.5,steps=32``);
+        its runs live apart from the default configuration's (``<budget>s-<config>``).
     measure : {"fixed", "adaptive"}, default "fixed"
         How candidates are timed (``gradtune tune --measure``); adaptive runs live apart too.
     """
@@ -116,7 +112,7 @@ class Layout:
         """Whether the configuration's gradient search scores with a deep ensemble."""
         from gradtune.search.gradient_search import GradientConfig
 
-        return GradientConfig(**split_gradient_kwargs(self.gradient_kwargs())[0]).needs_ensemble
+        return GradientConfig(**self.gradient_kwargs()).needs_ensemble
 
     def prepares_ensemble(self) -> bool:
         """Whether preparing a model pretrains its leave-out ensemble too."""
@@ -177,11 +173,3 @@ def write_json(path: Path, data: Any) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps(data, indent=1) + "\n")
     partial.replace(path)
-
-
-def split_gradient_kwargs(kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    """An ablation's keyword arguments split into ``GradientConfig``'s and the online cost
-    model's (``finetune_epochs`` → ``epochs``, ``finetune_lr`` → ``lr``)."""
-    config = {k: v for k, v in kwargs.items() if k not in FINETUNE_KEYS}
-    cost_model = {FINETUNE_KEYS[k]: v for k, v in kwargs.items() if k in FINETUNE_KEYS}
-    return config, cost_model

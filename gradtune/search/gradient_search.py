@@ -461,12 +461,13 @@ class GradientSearch(ReportingStrategy):
             self.measured.add((k, decision_key(decisions)))
             secs = [float(s) for s in (record.run_secs or [])]
             if secs:
-                self.history.append((float(np.median(secs)), k, decisions))
+                median_s = float(np.median(secs))
+                self.history.append((median_s, k, decisions))
                 if len(programs) < self.config.database_online:  # the fastest first
                     feats = self.sketches[k].features_at(decisions, "smooth", refit=False)
                     if feats is not None and torch.isfinite(feats).all():
                         programs.append(feats.detach().to(torch.float32))
-                        latencies.append(float(np.median(secs)))
+                        latencies.append(median_s)
         if programs:
             self.cost_model.observe(str(self.context.task_name), programs, latencies)
 

@@ -309,6 +309,24 @@ def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
     assert evolved[0] >= 1 and evolved[1] == 0 and evolved[2] >= 1
 
 
+def test_sketches_are_built_at_a_tasks_first_batch_when_told(llvm_target, small_cnn_conv):
+    """``build_at_first_batch``: ``pre_tuning`` (which MetaSchedule calls for every task before
+    any batch) only keeps its arguments; the task's first request for a batch builds its
+    sketches and explorer, then hands over the batch."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, build_at_first_batch=True)
+    search, _, context = _search_on(small_cnn_conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
+                      ms.cost_model.XGBModel())  # fmt: skip
+    assert search.sketches == [] and search.explorer is None and search.remaining == 64
+    candidates = search.generate_measure_candidates()
+    assert search.sketches and search.explorer is not None and search._setup_args is None
+    assert len(candidates) == 8
+
+
 def test_first_batch_is_sized_by_the_tasks_share_of_the_model_latency(llvm_target, small_cnn_conv):
     """``warmup_by_share``: a task that is 5% of a two-task model's latency at its default
     schedules gets 2 of 8 candidates (⌈2 · 0.05 · 8⌉, at least 2) first, then whole batches;

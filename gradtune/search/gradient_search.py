@@ -128,6 +128,12 @@ class GradientConfig(NamedTuple):
         so with 15 tasks of 25 candidates no task gets a second batch until 375 programs are
         built and run (over 4 minutes on 2 cores). A pretrained model's few best picks give
         each task its first latency sooner. None sends the full batch.
+    build_at_first_batch : bool, default False
+        Build a task's symbolic sketches (and its explorer) when it is first asked for a
+        batch, not in ``pre_tuning``. MetaSchedule calls every task's ``pre_tuning`` before
+        the first batch, so by default no program is built or measured until every task's
+        sketches are (~34 s on the search benchmark's bert_block, of a warm-up of ~130 s);
+        deferred, each task's build overlaps the measurement of the batches before it.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
         search starts (weight × the default schedule's measured latency, over all n tasks;
@@ -158,6 +164,7 @@ class GradientConfig(NamedTuple):
     contextual_explore: bool = False
     explore_bounds: tuple[float, float] = (0.05, 0.5)
     warmup: int | None = None
+    build_at_first_batch: bool = False
     warmup_by_share: bool = False
 
     @property
@@ -213,6 +220,9 @@ class GradientSearch(ReportingStrategy):
         self.sketches: list[SymbolicSketch] = []
         self.fallback: Any = None
         self.explorer: Any = None  # EvolutionarySearch filling the explore share
+        # pre_tuning's arguments while the task's setup waits for its first batch
+        # (``build_at_first_batch``).
+        self._setup_args: tuple | None = None
         # Per modelled sketch: its instruction count and text without decisions; and the text
         # of its simplified trace (dead instructions and postprocessors dropped).
         self.signatures: list[tuple[int, str]] = []
@@ -261,6 +271,16 @@ class GradientSearch(ReportingStrategy):
                    cost_model=None) -> None:  # fmt: skip
         self.remaining = int(max_trials)
         self.per_iter = int(num_trials_per_iter)
+        setup = (max_trials, num_trials_per_iter, design_spaces, database, cost_model)
+        if self.config.build_at_first_batch:
+            self._setup_args = setup
+        else:
+            self._setup(*setup)
+
+    def _setup(self, max_trials, num_trials_per_iter, design_spaces, database, cost_model) -> None:
+        """The symbolic sketches, what the database already holds of the task, and the
+        explorer (or the evolutionary fallback)."""
+        self._setup_args = None
         mod = self.context.mod
         postprocs = list(self.context.space_generator.postprocs)
         is_gpu = target_is_gpu(self.context.target)
@@ -325,6 +345,8 @@ class GradientSearch(ReportingStrategy):
     def generate_measure_candidates(self) -> list[Any] | None:
         if self.session.stop.stopped:
             return None
+        if self._setup_args is not None:
+            self._setup(*self._setup_args)
         if self.fallback is not None:
             return self.session.cut(self.fallback.generate_measure_candidates())
         if self.remaining <= 0:

@@ -309,6 +309,55 @@ def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
     assert evolved[0] >= 1 and evolved[1] == 0 and evolved[2] >= 1
 
 
+def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
+    llvm_target, small_cnn_conv
+):
+    """``random_warmup``: the explore share of a fresh task's first batch is random programs of
+    its design space, and the explorer neither evolves for it nor hears of it; from the second
+    batch on the explorer fills its share as before."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    class Spy:
+        """The real explorer, with a record of what the search asked of it."""
+
+        def __init__(self, inner):
+            self.inner, self.calls = inner, []
+
+        def generate_measure_candidates(self):
+            self.calls.append("generate")
+            return self.inner.generate_measure_candidates()
+
+        def notify_runner_results(self, candidates, results):
+            self.calls.append("notify")
+            self.inner.notify_runner_results(candidates, results)
+
+        def post_tuning(self):
+            self.inner.post_tuning()
+
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, random_warmup=True)
+    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
+                      ms.cost_model.XGBModel())  # fmt: skip
+    search.explorer = spy = Spy(search.explorer)
+    rounds = []
+    for _ in range(2):
+        candidates = search.generate_measure_candidates()
+        assert len(candidates) == 8
+        results = [
+            ms.runner.RunnerResult(run_secs=[1e-3 + 1e-4 * i], error_msg=None)
+            for i in range(len(candidates))
+        ]
+        search.notify_runner_results(candidates, results)
+        rounds.append(session.take(small_cnn_conv.name))
+    assert rounds[0].sampled and rounds[0].evolved >= 1
+    assert not rounds[1].sampled and rounds[1].evolved >= 1
+    assert spy.calls == ["generate", "notify"]
+    assert len(search.measured) == 16  # the random programs count as measured too
+    search.post_tuning()
+
+
 def test_sketches_are_built_at_a_tasks_first_batch_when_told(llvm_target, small_cnn_conv):
     """``build_at_first_batch``: ``pre_tuning`` (which MetaSchedule calls for every task before
     any batch) only keeps its arguments; the task's first request for a batch builds its

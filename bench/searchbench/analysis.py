@@ -104,9 +104,10 @@ def run_summary(
 
 
 def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
-    """Of a gradient run's tasks, how many got their final best from the descent's picks and
-    how many from the explorer's (the round whose batch first reached it); None for a run
-    without the gradient search's per-round account."""
+    """Of a gradient run's tasks, how many got their final best from the descent's picks, how
+    many from the explorer's evolution and how many from its random draws of a first batch
+    (``random_warmup``), by the round whose batch first reached it; None for a run without
+    the gradient search's per-round account."""
     best: dict[str, tuple[float, str]] = {}
     for r in result["rounds"]:
         search = r.get("search")
@@ -114,14 +115,14 @@ def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
             continue
         for side, us in (
             ("descent", search["descent_best_us"]),
-            ("explorer", search["evolved_best_us"]),
+            ("random" if search.get("sampled") else "explorer", search["evolved_best_us"]),
         ):
             if math.isfinite(us) and us < best.get(r["task"], (math.inf, ""))[0]:
                 best[r["task"]] = (us, side)
     if not best:
         return None
     sides = [side for _, side in best.values()]
-    return {"descent": sides.count("descent"), "explorer": sides.count("explorer")}
+    return {side: sides.count(side) for side in ("descent", "explorer", "random")}
 
 
 def _fraction_labels() -> list[str]:
@@ -163,7 +164,7 @@ def _sum_counts(counts: list[dict[str, int] | None]) -> dict[str, int] | None:
     known = [c for c in counts if c is not None]
     if not known:
         return None
-    return {side: sum(c[side] for c in known) for side in known[0]}
+    return {side: sum(c.get(side, 0) for c in known) for side in known[0]}
 
 
 def ratio_range(evo: list[dict], grad: list[dict], budget: float) -> tuple[list[float], bool]:

@@ -328,8 +328,12 @@ def markdown(data: dict[str, Any]) -> str:
     if found:
         lines.append(
             "- **Which half of a gradient batch found each task's final best** (descent / "
-            "explorer, tasks summed over the repeats that logged it): "
-            + ", ".join(f"{n} {b['descent']}/{b['explorer']}" for n, b in found.items())
+            "explorer, tasks summed over the repeats that logged it; a third count, where "
+            "there is one, is the first batches' random draws): "
+            + ", ".join(
+                f"{n} {b['descent']}/{b['explorer']}" + (f"/{r}" if (r := b.get("random")) else "")
+                for n, b in found.items()
+            )
         )
     lines += sweep_rows(data)
     if data["failed_runs"]:

@@ -47,6 +47,9 @@ class SearchRound:
     evolved : int, default 0
         Candidates of the batch chosen by the evolutionary explorer
         (``GradientConfig.evolutionary_explore``), not by the descent.
+    sampled : bool, default False
+        Whether the explorer's share of this batch was drawn at random from the design space
+        (``GradientConfig.random_warmup``, a fresh task's first batch) instead of evolved.
     explore_share : float, default NaN
         The share of the batch explored: ``GradientConfig.explore``, or AdaTune's contextual ε
         of this round (``contextual_explore``).
@@ -70,6 +73,7 @@ class SearchRound:
     finetune_loss: float
     dropped_seeds: int
     evolved: int = 0
+    sampled: bool = False
     explore_share: float = math.nan
     mean_sigma: float = math.nan
     dropped_members: int = 0

@@ -153,7 +153,8 @@ def test_measured_programs_are_told_apart_by_sketch_and_the_fastest_seed_the_des
 
     conv = small_cnn_conv
     strategy = make_strategy(
-        "gradient", config=GradientConfig(seeds=4, elite=0.5, per_seed_first=True)
+        "gradient",
+        config=GradientConfig(seeds=4, elite=0.5, per_seed_first=True, build_at_first_batch=False),
     )
     context = ms.TuneContext(
         mod=conv.mod, target=llvm_target, space_generator="post-order-apply",
@@ -221,7 +222,9 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     from gradtune.symbolic.sketch import decision_key
 
     conv = small_cnn_conv
-    config = GradientConfig(seeds=4, steps=4)  # the explorer and its half of a batch: defaults
+    # The explorer and its half of a batch are the defaults; here it fills a fresh task's first
+    # batch too, and the task is set up in pre_tuning.
+    config = GradientConfig(seeds=4, steps=4, random_warmup=False, build_at_first_batch=False)
     search, session, context = _search_on(conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     # Without a database and cost model to run it on there is no explorer: Felix's 1 in 8
@@ -266,7 +269,8 @@ def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, smal
     from gradtune.search.gradient_search import GradientConfig
 
     conv = small_cnn_conv
-    config = GradientConfig(seeds=4, steps=4, explorer_population=64, explorer_in_warmup=False)
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, explorer_in_warmup=False,
+                            random_warmup=False, build_at_first_batch=False)  # fmt: skip
     search, session, context = _search_on(conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
@@ -293,7 +297,9 @@ def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
 
     with pytest.raises(ValueError, match="explorer_every"):
         _search_on(small_cnn_conv, llvm_target, GradientConfig(explorer_every=0))
-    config = GradientConfig(seeds=4, steps=4, explorer_population=64, explorer_every=2)
+    config = GradientConfig(
+        seeds=4, steps=4, explorer_population=64, explorer_every=2, random_warmup=False
+    )
     search, session, context = _search_on(small_cnn_conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
@@ -312,9 +318,9 @@ def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
 def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     llvm_target, small_cnn_conv
 ):
-    """``random_warmup``: the explore share of a fresh task's first batch is random programs of
-    its design space, and the explorer neither evolves for it nor hears of it; from the second
-    batch on the explorer fills its share as before."""
+    """``random_warmup`` (the default): the explore share of a fresh task's first batch is random
+    programs of its design space, and the explorer neither evolves for it nor hears of it; from
+    the second batch on the explorer fills its share as before."""
     from tvm.s_tir import meta_schedule as ms
 
     from gradtune.search.gradient_search import GradientConfig
@@ -336,7 +342,7 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
         def post_tuning(self):
             self.inner.post_tuning()
 
-    config = GradientConfig(seeds=4, steps=4, explorer_population=64, random_warmup=True)
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, build_at_first_batch=False)
     search, session, context = _search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
@@ -358,15 +364,15 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     search.post_tuning()
 
 
-def test_sketches_are_built_at_a_tasks_first_batch_when_told(llvm_target, small_cnn_conv):
-    """``build_at_first_batch``: ``pre_tuning`` (which MetaSchedule calls for every task before
-    any batch) only keeps its arguments; the task's first request for a batch builds its
-    sketches and explorer, then hands over the batch."""
+def test_sketches_are_built_at_a_tasks_first_batch(llvm_target, small_cnn_conv):
+    """``build_at_first_batch`` (the default): ``pre_tuning`` (which MetaSchedule calls for every
+    task before any batch) only keeps its arguments; the task's first request for a batch
+    builds its sketches and explorer, then hands over the batch."""
     from tvm.s_tir import meta_schedule as ms
 
     from gradtune.search.gradient_search import GradientConfig
 
-    config = GradientConfig(seeds=4, steps=4, explorer_population=64, build_at_first_batch=True)
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64)
     search, _, context = _search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip

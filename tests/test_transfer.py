@@ -454,7 +454,8 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(tiny_model, llvm_tar
     # A fresh gradient search over that database: the transferred programs are its elites
     # (first seeds) and its cost model's first online data.
     database = run_database(warm_dir)
-    searcher = make_strategy("gradient", config=GradientConfig(seeds=4, steps=4))
+    config = GradientConfig(seeds=4, steps=4, build_at_first_batch=False)  # set up in pre_tuning
+    searcher = make_strategy("gradient", config=config)
     searcher.attach(Session())
     _, spaces, _ = _design_space(wide[1], llvm_target)
     searcher._initialize_with_tune_context(_context(wide[1], llvm_target, searcher))

@@ -100,21 +100,27 @@ class GradientConfig(NamedTuple):
         128, the descent beside it 1.8 s: at 512 the explorer is most of the search's time.
     explorer_in_warmup : bool, default True
         Whether the explorer fills its share of a task's first batch when the database holds
-        nothing of the task. Its population then has no measured program to start from, and
-        MetaSchedule's XGBoost scores at random until it has been trained on 100 programs
-        (``num_warmup_samples``), which the first tasks' first batches do not give it. Off,
-        that batch's explore share is ``explore``,
-        drawn at random from the descent's candidates, and the pretrained model picks the rest.
-    random_warmup : bool, default False
+        nothing of the task (``random_warmup``, when on, takes that share first). Its
+        population then has no measured program to start from, and MetaSchedule's XGBoost
+        scores at random until it has been trained on 100 programs (``num_warmup_samples``),
+        which the first tasks' first batches do not give it. Off, that batch's explore share
+        is ``explore``, drawn at random from the descent's candidates, and the pretrained
+        model picks the rest.
+    random_warmup : bool, default True
         Fill the explorer's share of a fresh task's first batch (nothing of the task in the
         database) with programs of its design space whose every decision is drawn at random
         (MetaSchedule's ``ReplayTrace``), instead of by the explorer's evolution. That
         evolution starts from random programs too and, until MetaSchedule's XGBoost has seen
         100 programs, scores them at random; yet it costs up to ~40 s a round on a
-        convolution. In the search benchmark's 480 s runs, mbconv_se's warm-up (every task's
-        first batch) took 347 to 374 s, ~200 s of it choosing candidates, and the first
-        batches' explorer halves were no better than the descent's (geomean best 1.08× the
-        descent's on mbconv_se, 1.39× on unet_small, 0.90× on bert_block).
+        convolution. With the explorer in the warm-up (every task's first batch), mbconv_se's
+        warm-up took 347 to 374 s of the search benchmark's 480 s, ~200 s of it choosing
+        candidates. With this and ``build_at_first_batch`` it took 159 to 161 s (unet_small
+        123–129 s, bert_block 86–92 s), and the gradient search was far ahead of evolutionary
+        search early: end to end at half the budget 0.18 against 0.59 ms on mbconv_se, 0.50
+        against 2.65 ms on unet_small (``bench/results/search_efficiency.md``). At the whole
+        budget, against the explorer in the warm-up, timed side by side: mbconv_se level,
+        unet_small 1.11× faster, bert_block 1.20× slower
+        (``bench/results/search_efficiency_random_warmupFalse_build_at_first_batchFalse.md``).
     explorer_every : int, default 1
         The explorer fills its share of every ``explorer_every``-th batch of a task, from the
         first it may fill; the descent fills the others whole, ``explore`` of them drawn at
@@ -138,12 +144,13 @@ class GradientConfig(NamedTuple):
         so with 15 tasks of 25 candidates no task gets a second batch until 375 programs are
         built and run (over 4 minutes on 2 cores). A pretrained model's few best picks give
         each task its first latency sooner. None sends the full batch.
-    build_at_first_batch : bool, default False
+    build_at_first_batch : bool, default True
         Build a task's symbolic sketches (and its explorer) when it is first asked for a
         batch, not in ``pre_tuning``. MetaSchedule calls every task's ``pre_tuning`` before
-        the first batch, so by default no program is built or measured until every task's
+        the first batch, so otherwise no program is built or measured until every task's
         sketches are (~34 s on the search benchmark's bert_block, of a warm-up of ~130 s);
-        deferred, each task's build overlaps the measurement of the batches before it.
+        deferred, each task's build overlaps the measurement of the batches before it. With
+        ``random_warmup``, the first result came at 27–34 s instead of 40–72 s.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
         search starts (weight × the default schedule's measured latency, over all n tasks;
@@ -169,13 +176,13 @@ class GradientConfig(NamedTuple):
     evolved: float = 0.5
     explorer_population: int = 512
     explorer_in_warmup: bool = True
-    random_warmup: bool = False
+    random_warmup: bool = True
     explorer_every: int = 1
     acquisition: str = "score"
     contextual_explore: bool = False
     explore_bounds: tuple[float, float] = (0.05, 0.5)
     warmup: int | None = None
-    build_at_first_batch: bool = False
+    build_at_first_batch: bool = True
     warmup_by_share: bool = False
 
     @property

@@ -80,3 +80,32 @@ def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_bes
     rounds.insert(0, batch("pool", 5.0, 2.0, sampled=True))
     assert best_found_by({"rounds": rounds}) == {"descent": 1, "explorer": 1, "random": 1}
     assert best_found_by({"rounds": [{"task": "conv"}]}) is None  # an evolutionary run
+
+
+def test_timing_is_redone_when_a_library_under_a_timed_label_changes(tmp_path):
+    """A run redone, or moved in from another layout under the same label, is timed again:
+    a timing record covers each library by size and modification time, not by label."""
+    import json
+    import os
+
+    from searchbench.layout import Layout, write_json
+    from searchbench.timing import identities, libraries, up_to_date
+
+    layout = Layout(tmp_path, 480.0)
+    run = layout.root / "runs" / "bert_block" / "gradient-r0"
+    run.mkdir(parents=True)
+    result = {"run_id": "gradient-r0", "builds": {"100": {"library": "model_at_100.so"}}}
+    (run / "result.json").write_text(json.dumps(result))
+    library = run / "model_at_100.so"
+    library.write_bytes(b"old run")
+    assert not up_to_date(layout, "bert_block"), "never timed"
+    found = libraries(layout, "bert_block")
+    assert list(found) == ["gradient-r0@100"]
+    record = {"ms": {"gradient-r0@100": 0.04}, "libraries": identities(found)}
+    write_json(layout.timing("bert_block"), record)
+    assert up_to_date(layout, "bert_block")
+    library.write_bytes(b"another run's library")
+    os.utime(library, ns=(1, 1))
+    assert not up_to_date(layout, "bert_block"), "same label, another library"
+    write_json(layout.timing("bert_block"), {"ms": {"gradient-r0@100": 0.04}})
+    assert not up_to_date(layout, "bert_block"), "a record without identities vouches for nothing"

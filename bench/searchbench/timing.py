@@ -3,7 +3,9 @@
 All of a model's libraries (both searchers, every repeat, ¼ / ½ / all of the budget) are
 loaded together and timed interleaved (``time_interleaved``: alternating calls, median of the
 repeats), so the shared machine's drift hits every contender alike. The result is saved with
-the set of libraries it covers; it is redone only when that set changes.
+the libraries it covers, each by label, size and modification time; it is redone when any of
+them changes, so a run redone or moved in from another layout under the same label is timed
+again.
 """
 
 from __future__ import annotations
@@ -31,11 +33,18 @@ def libraries(layout: Layout, model: str) -> dict[str, Path]:
     return dict(sorted(found.items()))
 
 
+def identities(found: dict[str, Path]) -> dict[str, list[int]]:
+    """label → [size, modification time in ns] of each library: what a timing record covers."""
+    return {label: [(st := path.stat()).st_size, st.st_mtime_ns] for label, path in found.items()}
+
+
 def up_to_date(layout: Layout, model: str) -> bool:
     path = layout.timing(model)
     if not path.is_file():
         return not libraries(layout, model)
-    return sorted(json.loads(path.read_text())["ms"]) == sorted(libraries(layout, model))
+    # A record without identities predates them: its labels alone cannot vouch for the files.
+    covered = json.loads(path.read_text()).get("libraries")
+    return covered == identities(libraries(layout, model))
 
 
 def timed(model: str, found: dict[str, Path], work: Path) -> dict[str, Any]:
@@ -49,6 +58,7 @@ def timed(model: str, found: dict[str, Path], work: Path) -> dict[str, Any]:
     record = {
         "model": model,
         "ms": {label: round(v, 5) for label, v in ms.items()},
+        "libraries": identities(found),
         "seconds": round(time.perf_counter() - start, 1),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],

@@ -380,6 +380,18 @@ def test_sketches_are_built_at_a_tasks_first_batch(llvm_target, small_cnn_conv):
     candidates = search.generate_measure_candidates()
     assert search.sketches and search.explorer is not None and search._setup_args is None
     assert len(candidates) == 8
+    # A stop that arrives while a task's sketches are built (seconds) ends the task there: no
+    # batch is searched, built and measured first (the CLI gives a stopping run 5 s).
+    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space())
+    build = search._setup
+
+    def build_then_stop(*args):
+        build(*args)
+        session.stop.set()
+
+    search._setup = build_then_stop
+    assert search.generate_measure_candidates() is None and search.sketches
 
 
 def test_first_batch_is_sized_by_the_tasks_share_of_the_model_latency(llvm_target, small_cnn_conv):

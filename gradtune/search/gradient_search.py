@@ -368,6 +368,10 @@ class GradientSearch(ReportingStrategy):
             return None
         if self._setup_args is not None:
             self._setup(*self._setup_args)
+            # Building the sketches takes seconds; a stop asked meanwhile must not wait for a
+            # whole new batch to be searched, built and measured too.
+            if self.session.stop.stopped:
+                return None
         if self.fallback is not None:
             return self.session.cut(self.fallback.generate_measure_candidates())
         if self.remaining <= 0:

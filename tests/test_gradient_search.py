@@ -364,6 +364,69 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     search.post_tuning()
 
 
+def test_ranked_warmup_keeps_the_best_ranked_random_programs_once_the_ranker_is_trained(
+    llvm_target, small_cnn_conv
+):
+    """``ranked_warmup``: until the run has measured 100 programs a fresh task's first explore
+    share is the first random programs drawn, unranked; after, it is the best of
+    ``ranked_warmup`` draws as the task scheduler's cost model (a trained XGBoost) scores them,
+    and the round says so."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import RANKER_TRAINED_AT, GradientConfig
+
+    class Recorder:
+        """The real XGBoost, with a record of what it scored."""
+
+        def __init__(self, inner):
+            self.inner, self.scored = inner, []
+
+        def predict(self, context, candidates):
+            scores = self.inner.predict(context, candidates)
+            self.scored.append((candidates, scores))
+            return scores
+
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, ranked_warmup=24,
+                            build_at_first_batch=False)  # fmt: skip
+    xgb = ms.cost_model.XGBModel(num_warmup_samples=0, adaptive_training=False)
+    ranker = Recorder(xgb)
+    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    design_spaces = context.generate_design_space()
+    search.pre_tuning(64, 8, design_spaces, ms.database.MemoryDatabase(), xgb)
+    search.ranker = ranker
+    candidates = search.generate_measure_candidates()
+    results = [
+        ms.runner.RunnerResult(run_secs=[1e-3 + 1e-4 * i], error_msg=None)
+        for i in range(len(candidates))
+    ]
+    search.notify_runner_results(candidates, results)
+    first = session.take(small_cnn_conv.name)
+    assert first.sampled and not first.ranked and not ranker.scored
+    assert session.measured == len(candidates)
+    xgb.update(context, candidates, results)
+
+    # Another fresh task of the same run, once the run has measured enough programs.
+    session.measured = RANKER_TRAINED_AT
+    fresh, _, _ = _search_on(small_cnn_conv, llvm_target, config)
+    fresh.attach(session)
+    fresh._initialize_with_tune_context(context)
+    fresh.pre_tuning(64, 8, design_spaces, ms.database.MemoryDatabase(), xgb)
+    fresh.ranker = ranker
+    candidates = fresh.generate_measure_candidates()
+    assert len(ranker.scored) == 1
+    drawn, scores = ranker.scored[0]
+    assert len(drawn) == 24 and fresh._explored >= 1
+    # The explore share (the batch's last candidates) is the best-scored distinct draws, in
+    # that order.
+    chosen = [str(p.sch.trace) for p in candidates[-fresh._explored :]]
+    order = np.argsort(-np.asarray(scores), kind="stable")
+    best_first = list(dict.fromkeys(str(drawn[i].sch.trace) for i in order))
+    assert chosen == best_first[: len(chosen)]
+    results = [ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None)] * len(candidates)
+    fresh.notify_runner_results(candidates, results)
+    assert session.take(small_cnn_conv.name).ranked
+
+
 def test_sketches_are_built_at_a_tasks_first_batch(llvm_target, small_cnn_conv):
     """``build_at_first_batch`` (the default): ``pre_tuning`` (which MetaSchedule calls for every
     task before any batch) only keeps its arguments; the task's first request for a batch

@@ -61,8 +61,11 @@ def test_versus_without_an_ablation_or_runs_is_one_line(tmp_path, config, says):
 def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_best():
     from searchbench.analysis import best_found_by
 
-    def batch(task: str, descent: float, explorer: float, sampled: bool = False) -> dict:
-        search = {"descent_best_us": descent, "evolved_best_us": explorer, "sampled": sampled}
+    def batch(
+        task: str, descent: float, explorer: float, sampled: bool = False, ranked: bool = False
+    ) -> dict:
+        search = {"descent_best_us": descent, "evolved_best_us": explorer, "sampled": sampled,
+                  "ranked": ranked}  # fmt: skip
         return {"task": task, "search": search}
 
     inf = float("inf")
@@ -73,12 +76,17 @@ def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_bes
         batch("dense", 4.0, 3.0),  # a tie is not an improvement: the descent keeps it
         {"task": "pool"},  # a task the gradient search handed to evolutionary search
     ]
-    assert best_found_by({"rounds": rounds}) == {"descent": 2, "explorer": 0, "random": 0}
+    counts = {"descent": 2, "explorer": 0, "random": 0, "ranked": 0}
+    assert best_found_by({"rounds": rounds}) == counts
     rounds.append(batch("conv", 9.0, 6.5))
-    assert best_found_by({"rounds": rounds}) == {"descent": 1, "explorer": 1, "random": 0}
+    counts |= {"descent": 1, "explorer": 1}
+    assert best_found_by({"rounds": rounds}) == counts
     # a first batch whose explore share was drawn at random (random_warmup)
     rounds.insert(0, batch("pool", 5.0, 2.0, sampled=True))
-    assert best_found_by({"rounds": rounds}) == {"descent": 1, "explorer": 1, "random": 1}
+    assert best_found_by({"rounds": rounds}) == counts | {"random": 1}
+    # ... and one whose draws were ranked by the task scheduler's model (ranked_warmup)
+    rounds.insert(0, batch("relu", 5.0, 1.0, sampled=True, ranked=True))
+    assert best_found_by({"rounds": rounds}) == counts | {"random": 1, "ranked": 1}
     assert best_found_by({"rounds": [{"task": "conv"}]}) is None  # an evolutionary run
 
 

@@ -105,9 +105,10 @@ def run_summary(
 
 def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
     """Of a gradient run's tasks, how many got their final best from the descent's picks, how
-    many from the explorer's evolution and how many from its random draws of a first batch
-    (``random_warmup``), by the round whose batch first reached it; None for a run without
-    the gradient search's per-round account."""
+    many from the explorer's evolution, how many from its random draws of a first batch
+    (``random_warmup``) and how many from the best-ranked of such draws (``ranked_warmup``),
+    by the round whose batch first reached it; None for a run without the gradient search's
+    per-round account."""
     best: dict[str, tuple[float, str]] = {}
     for r in result["rounds"]:
         search = r.get("search")
@@ -115,14 +116,20 @@ def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
             continue
         for side, us in (
             ("descent", search["descent_best_us"]),
-            ("random" if search.get("sampled") else "explorer", search["evolved_best_us"]),
+            (_explore_side(search), search["evolved_best_us"]),
         ):
             if math.isfinite(us) and us < best.get(r["task"], (math.inf, ""))[0]:
                 best[r["task"]] = (us, side)
     if not best:
         return None
     sides = [side for _, side in best.values()]
-    return {side: sides.count(side) for side in ("descent", "explorer", "random")}
+    return {side: sides.count(side) for side in ("descent", "explorer", "random", "ranked")}
+
+
+def _explore_side(search: dict[str, Any]) -> str:
+    if not search.get("sampled"):
+        return "explorer"
+    return "ranked" if search.get("ranked") else "random"
 
 
 def _fraction_labels() -> list[str]:

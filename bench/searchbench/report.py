@@ -329,11 +329,8 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(
             "- **Which half of a gradient batch found each task's final best** (descent / "
             "explorer, tasks summed over the repeats that logged it; a third count, where "
-            "there is one, is the first batches' random draws): "
-            + ", ".join(
-                f"{n} {b['descent']}/{b['explorer']}" + (f"/{r}" if (r := b.get("random")) else "")
-                for n, b in found.items()
-            )
+            "there is one, is the first batches' random draws, and a fourth their best-ranked "
+            "draws): " + ", ".join(_found_by(n, b) for n, b in found.items())
         )
     lines += sweep_rows(data)
     if data["failed_runs"]:
@@ -394,3 +391,12 @@ def write(data: dict[str, Any], layout: Layout, specs: list[RunSpec], out: Path,
         if results and not math.isnan(layout.budget):
             plot_model(name, results, view[name], layout.budget, out / f"{stem}_{name}.png")
     return text
+
+
+def _found_by(name: str, by: dict[str, int]) -> str:
+    counts = [by["descent"], by["explorer"]]
+    if by.get("random") or by.get("ranked"):
+        counts.append(by.get("random", 0))
+    if by.get("ranked"):
+        counts.append(by["ranked"])
+    return f"{name} " + "/".join(str(c) for c in counts)

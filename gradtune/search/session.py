@@ -50,6 +50,9 @@ class SearchRound:
     sampled : bool, default False
         Whether the explorer's share of this batch was drawn at random from the design space
         (``GradientConfig.random_warmup``, a fresh task's first batch) instead of evolved.
+    ranked : bool, default False
+        Whether those random programs were the best of more draws as the task scheduler's cost
+        model ranks them (``GradientConfig.ranked_warmup``).
     explore_share : float, default NaN
         The share of the batch explored: ``GradientConfig.explore``, or AdaTune's contextual ε
         of this round (``contextual_explore``).
@@ -74,6 +77,7 @@ class SearchRound:
     dropped_seeds: int
     evolved: int = 0
     sampled: bool = False
+    ranked: bool = False
     explore_share: float = math.nan
     mean_sigma: float = math.nan
     dropped_members: int = 0
@@ -161,6 +165,9 @@ class Session:
         Each task's share of the model's estimated latency (weight × best µs) when the search
         starts: the default schedules', which the loop measures first, or a resumed run's best.
         Set by the loop; a task without a measured latency is not in it.
+    measured : int, default 0
+        Programs the run's strategies have been told the measurements of, failed ones too:
+        what MetaSchedule's task scheduler has updated its cost model with so far.
     """
 
     stop: StopSignal = field(default_factory=StopSignal)
@@ -168,6 +175,7 @@ class Session:
     pending: dict[str, SearchRound] = field(default_factory=dict)
     trials_left: int | None = None
     latency_shares: dict[str, float] = field(default_factory=dict)
+    measured: int = 0
 
     def allow(self, wanted: int) -> int:
         """How many of ``wanted`` candidates the trial budget still allows; counted as spent

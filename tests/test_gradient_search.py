@@ -315,6 +315,41 @@ def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
     assert evolved[0] >= 1 and evolved[1] == 0 and evolved[2] >= 1
 
 
+def test_split_by_wins_gives_the_explorer_the_share_of_pairs_its_programs_won(
+    llvm_target, small_cnn_conv
+):
+    """``split_by_wins``: the first evolved batch is split half and half; once the explorer's
+    programs have beaten the descent's in every pair, it gets the upper bound (3/4); once the
+    descent's win a batch, the share falls to the explorer's win rate over all pairs so far."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, random_warmup=False,
+                            split_by_wins=True, build_at_first_batch=False)  # fmt: skip
+    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
+                      ms.cost_model.XGBModel())  # fmt: skip
+    rounds, splits = [], []
+    for explorer_faster in (True, False, False):
+        candidates = search.generate_measure_candidates()
+        explored = search._explored
+        descent = len(candidates) - explored
+        fast, slow = (1e-3, 2e-3) if explorer_faster else (2e-3, 1e-3)
+        results = [
+            ms.runner.RunnerResult(run_secs=[slow if i < descent else fast], error_msg=None)
+            for i in range(len(candidates))
+        ]
+        search.notify_runner_results(candidates, results)
+        rounds.append(session.take(small_cnn_conv.name))
+        splits.append((explored, descent))
+    assert rounds[0].explore_share == 0.5 and 1 <= splits[0][0] <= 4
+    assert rounds[1].explore_share == 0.75 and 1 <= splits[1][0] <= 6
+    won = splits[0][0] * splits[0][1]
+    expected = won / (won + splits[1][0] * splits[1][1])
+    assert rounds[2].explore_share == pytest.approx(max(0.25, expected))
+
+
 def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     llvm_target, small_cnn_conv
 ):

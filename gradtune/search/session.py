@@ -168,6 +168,11 @@ class Session:
     measured : int, default 0
         Programs the run's strategies have been told the measurements of, failed ones too:
         what MetaSchedule's task scheduler has updated its cost model with so far.
+    explorer_pairs : int, default 0
+        Pairs of an explorer's and a descent's program measured in the same batch
+        (``GradientConfig.split_by_wins``), over the run.
+    explorer_wins : float, default 0.0
+        Of those pairs, how many the explorer's program was faster in (a tie counts half).
     """
 
     stop: StopSignal = field(default_factory=StopSignal)
@@ -176,6 +181,8 @@ class Session:
     trials_left: int | None = None
     latency_shares: dict[str, float] = field(default_factory=dict)
     measured: int = 0
+    explorer_pairs: int = 0
+    explorer_wins: float = 0.0
 
     def allow(self, wanted: int) -> int:
         """How many of ``wanted`` candidates the trial budget still allows; counted as spent
@@ -197,6 +204,13 @@ class Session:
         """Return ``unused`` of the candidates ``allow`` granted."""
         if self.trials_left is not None:
             self.trials_left += max(0, unused)
+
+    def compare_halves(self, descent_s: list[float], explorer_s: list[float]) -> None:
+        """Count every (explorer, descent) pair of one batch's latencies (inf: failed)."""
+        for e in explorer_s:
+            for d in descent_s:
+                self.explorer_pairs += 1
+                self.explorer_wins += 1.0 if e < d else 0.5 if e == d else 0.0
 
     def searched(self, task: str, detail: SearchRound) -> None:
         """The strategy's account of ``task``'s batch, given in ``notify_runner_results``."""

@@ -29,6 +29,7 @@ from .errors import GradtuneError
 from .measure.adaptive import MeasureCost, TaskBests, prim_func_signature
 from .measure.baseline import kept_defaults, measure_defaults
 from .measure.builder import make_builder
+from .measure.latency import median_seconds, result_seconds
 from .measure.rpc_fleet import Tracker
 from .measure.rpc_session import DeviceWatch
 from .measure.runner import MeasureSettings, make_rpc_runner
@@ -82,7 +83,7 @@ def best_from_database(database, tasks: list[TuningTask]) -> dict[str, float]:
             continue
         top = database.get_top_k(database.commit_workload(task.mod), 1)
         if top and top[0].run_secs:
-            best[task.name] = _median_us(top[0].run_secs)
+            best[task.name] = 1e6 * median_seconds(top[0].run_secs)
     return best
 
 
@@ -93,11 +94,6 @@ def count_records(database) -> int:
     of its tasks'. ``get_top_k`` would undercount: it skips failed runs.
     """
     return len(database)
-
-
-def _median_us(run_secs) -> float:
-    values = sorted(float(x) for x in run_secs)
-    return values[len(values) // 2] * 1e6 if values else math.inf
 
 
 def _make_progress_callback(
@@ -120,9 +116,7 @@ def _make_progress_callback(
             self, task_scheduler, task_id, measure_candidates, builder_results, runner_results
         ):
             task = tasks[task_id]
-            batch = [
-                _median_us(r.run_secs) for r in runner_results if r.error_msg is None and r.run_secs
-            ]
+            batch = [1e6 * result_seconds(r) for r in runner_results]
             batch_best = min(batch, default=math.inf)
             if batch_best < best_us.get(task.name, math.inf):
                 best_us[task.name] = batch_best
@@ -140,7 +134,7 @@ def _make_progress_callback(
                 search=session.take(task.name),
             )
             result.rounds.append(record)
-            failed = len(runner_results) - len(batch)
+            failed = sum(not math.isfinite(us) for us in batch)
             # An empty batch (a trivial design space, all of it measured) is not a failure.
             if runner_results and failed == len(runner_results):
                 first = next(

@@ -23,6 +23,24 @@ def test_estimate_uses_untuned_latency_until_a_task_is_measured():
 
 
 @pytest.mark.slow
+def test_a_programs_latency_is_the_median_of_its_run_secs_and_inf_when_it_failed():
+    """One definition everywhere a run ranks programs (search, scheduler, cost model, report,
+    transfer library): the median of the repeats, the middle two averaged for an even count
+    (the adaptive evaluator's micro-batches); a failed candidate is infinitely slow."""
+    import math
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.measure.latency import median_seconds, result_seconds
+
+    assert median_seconds([3e-6, 1e-6, 2e-6]) == 2e-6
+    assert median_seconds([1.0, 2.0, 4.0, 10.0]) == 3.0
+    assert median_seconds([]) == median_seconds(None) == math.inf
+    assert result_seconds(ms.runner.RunnerResult(run_secs=[1.0, 5.0, 2.0], error_msg=None)) == 2.0
+    failed = ms.runner.RunnerResult(run_secs=None, error_msg="RuntimeError: ...")
+    assert result_seconds(failed) == math.inf
+
+
 def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tmp_path):
     from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.tune import tune

@@ -25,6 +25,7 @@ from gradtune.dataset.card import load_manifest
 from gradtune.dataset.machines import load_record_machines
 from gradtune.dataset.store import Skipped, machine_counts, open_dataset
 from gradtune.errors import GradtuneError
+from gradtune.measure.latency import median_seconds
 from gradtune.partition import module_kernel_class, operator_family
 from gradtune.symbolic.features import evaluate
 from gradtune.symbolic.program import extract_program
@@ -120,7 +121,7 @@ def from_records(
             skipped.add("rejected trace", "a trace its postprocessors reject")
             continue
         data.schedules.append(sch)
-        data.latencies.append(float(np.median(run_secs)))
+        data.latencies.append(median_seconds(run_secs))
         data.symbolic.append(symbolic_features(sch, is_gpu))
     return [d for d in by_key.values() if len(d.latencies) >= 2]
 

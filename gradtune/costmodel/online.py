@@ -20,6 +20,7 @@ all of their scores for the gradient search's acquisition.
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from tvm.s_tir import meta_schedule as ms
 from gradtune.costmodel import model as mlp
 from gradtune.costmodel.featurize import symbolic_features
 from gradtune.costmodel.train import Group, fit
+from gradtune.measure.latency import result_seconds
 from gradtune.symbolic.features import FEATURES
 from gradtune.target import is_gpu as target_is_gpu
 
@@ -176,13 +178,13 @@ class OnlineCostModel(ms.cost_model.PyCostModel):
         is_gpu = target_is_gpu(context.target)
         programs, latencies = [], []
         for candidate, result in zip(candidates, results, strict=True):
-            secs = [float(s) for s in (result.run_secs or [])]
-            if result.error_msg is not None or not secs:
+            secs = result_seconds(result)
+            if not math.isfinite(secs):
                 continue
             features = _features(candidate.sch, is_gpu)
             if features is not None:
                 programs.append(features)
-                latencies.append(float(np.median(secs)))
+                latencies.append(secs)
         self.observe(str(context.task_name), programs, latencies)
 
     def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:

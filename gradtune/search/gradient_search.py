@@ -25,6 +25,7 @@ from tvm.s_tir import meta_schedule as ms
 from gradtune.costmodel.ensemble import Scale
 from gradtune.costmodel.online import OnlineCostModel
 from gradtune.costmodel.train import spearman
+from gradtune.measure.latency import median_seconds, result_seconds
 from gradtune.search.acquisition import contextual_epsilon, log_expected_improvement
 from gradtune.search.session import ReportingStrategy, RunSummary, SearchRound, Session
 from gradtune.symbolic.sketch import SymbolicSketch, decision_key
@@ -527,13 +528,7 @@ class GradientSearch(ReportingStrategy):
         split = len(measure_candidates) - self._explored  # the descent's picks come first
         if self._explored and not self._sampled:
             self.explorer.notify_runner_results(measure_candidates[split:], results[split:])
-        # Each candidate's median latency (seconds), inf where it failed.
-        median_s = [
-            float(np.median([float(s) for s in r.run_secs]))
-            if r.error_msg is None and r.run_secs
-            else math.inf
-            for r in results
-        ]
+        median_s = [result_seconds(r) for r in results]  # inf where it failed
         if self._explored and not self._sampled:
             self.session.compare_halves(median_s[:split], median_s[split:])
         programs, latencies, predicted, measured = [], [], [], []
@@ -598,9 +593,8 @@ class GradientSearch(ReportingStrategy):
             if decisions is None:
                 continue
             self.measured.add((k, decision_key(decisions)))
-            secs = [float(s) for s in (record.run_secs or [])]
-            if secs:
-                median_s = float(np.median(secs))
+            median_s = median_seconds(record.run_secs)
+            if math.isfinite(median_s):
                 self.history.append((median_s, k, decisions))
                 if len(programs) < self.config.database_online:  # the fastest first
                     feats = self.sketches[k].features_at(decisions, "smooth", refit=False)

@@ -32,6 +32,8 @@ from typing import Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from gradtune.measure.latency import result_seconds
+
 log = logging.getLogger("gradtune.search")
 
 FAILED_MS = 1e9  # MetaSchedule's latency for a batch without a single working program
@@ -114,11 +116,7 @@ class GradientTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         return _Feedback(self)
 
     def joined(self, task_id: int, runner_results: Sequence[Any]) -> None:
-        latencies = [
-            1e3 * statistics.median(float(s) for s in r.run_secs)
-            for r in runner_results
-            if r.error_msg is None and r.run_secs
-        ]
+        latencies = [1e3 * result_seconds(r) for r in runner_results]
         history = self.history.setdefault(task_id, [])
         history.append(min([*latencies, *history[-1:], FAILED_MS]))
         if task_id in self.picked_at:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GradtuneError
+from ..measure.latency import median_seconds
 from ..partition import TuningTask, module_kernel_class
 from ..redact import redact_uri
 
@@ -214,11 +215,11 @@ def read_database(name: str, directory: Path, top: int = 1) -> list[Source]:
             raise GradtuneError(f"{reason[-1] if reason else type(err).__name__}") from None
     best: dict[tuple[str, str], list[tuple[float, Any]]] = defaultdict(list)
     for record in records:
-        secs = sorted(float(x) for x in (record.run_secs or []))
+        secs = [float(x) for x in (record.run_secs or [])]
         if not secs or is_default(record) or not all(math.isfinite(x) for x in secs):
             continue
         key = (target_key(record.target), workload_hash(record.workload.mod))
-        best[key].append((secs[len(secs) // 2] * 1e6, record))
+        best[key].append((1e6 * median_seconds(secs), record))
     sources: dict[str, Source] = {}
     for (target, workload), found in best.items():
         found.sort(key=lambda pair: pair[0])

@@ -134,7 +134,10 @@ class GradientConfig(NamedTuple):
         draw and one prediction, not an evolution. 0 draws just the share. Why: on the search
         benchmark's bert_block, the explorer's evolved first batches of the tasks searched
         after 100 programs were 1.27× faster than the descent's (best of each half, old
-        default), on average; the random draws that replaced them were 1.09× slower.
+        default), on average; the random draws that replaced them were 1.09× slower. At 256
+        on bert_block (znver4, 3 repeats), end to end 1.10× faster than without, timed side by
+        side (``bench/results/search_efficiency_ranked_warmup256.md``); not yet tried on
+        convolution models.
     split_by_wins : bool, default False
         Set the explorer's share of a batch (in place of ``evolved``) to how often its
         programs beat the descent's, within ``split_bounds``: over every pair of an explorer's
@@ -144,6 +147,8 @@ class GradientConfig(NamedTuple):
         finds a task's best differs by model: on the search benchmark's held-out models the
         descent found 24 of mbconv_se's 45 final bests and 17 of unet_small's 33, the explorer
         23 of bert_block's 24; a fixed half wastes batches on the weaker side either way.
+        Measured on bert_block (znver4, 3 repeats): no gain over the fixed half
+        (``bench/results/search_efficiency_split_by_winsTrue.md``).
     split_bounds : tuple of float, default (0.25, 0.75)
         The clamp of ``split_by_wins``: each side keeps at least a quarter of a batch, so a
         side that lost early can still show it has caught up.

@@ -481,7 +481,6 @@ class GradientSearch(ReportingStrategy):
         """``count`` programs of the task's design spaces, every decision drawn at random
         (``random_warmup``), by MetaSchedule's ``ReplayTrace`` used once; with
         ``ranked_warmup`` and a trained ranker, the best ``count`` of more such draws."""
-        self._ranked = False
         if count <= 0:
             return []
         drawn = count
@@ -523,18 +522,17 @@ class GradientSearch(ReportingStrategy):
         return found
 
     def notify_runner_results(self, measure_candidates, results) -> None:
+        self.session.measured += len(measure_candidates)
         if self.fallback is not None:
-            self.session.measured += len(measure_candidates)
             self.fallback.notify_runner_results(measure_candidates, results)
             return
         measure_s = time.perf_counter() - self._handed_over
-        self.session.measured += len(measure_candidates)
         self.remaining -= len(measure_candidates)
         split = len(measure_candidates) - self._explored  # the descent's picks come first
         if self._explored and not self._sampled:
             self.explorer.notify_runner_results(measure_candidates[split:], results[split:])
         median_s = [result_seconds(r) for r in results]  # inf where it failed
-        if self._explored and not self._sampled:
+        if self.config.split_by_wins and self._explored and not self._sampled:
             self.session.compare_halves(median_s[:split], median_s[split:])
         programs, latencies, predicted, measured = [], [], [], []
         for (k, decisions), score, secs in zip(

@@ -7,8 +7,9 @@ weighs each against the plain lowering, nothing else changed:
 - ``prepack``: weights marked layout-free, so MetaSchedule's ``RewriteLayout`` postprocessor
   may store each in the order the tuned loop nest reads it (Ansor's idea; ONNX Runtime's MLAS
   prepacks its convolution weights too), folded into the constants at compile time.
-- ``fast_math``: sigmoid (and SiLU) legalized as ``1 / (1 + fast_exp(-x))``, erf (GELU) and
-  tanh as ``fast_erf`` / ``fast_tanh``, vectorizable, instead of one scalar libm call per
+- ``fast_math``: sigmoid (and SiLU) legalized as ``1 / (1 + fast_exp(-x))``, exp and softmax
+  with ``fast_exp``, erf (GELU) and tanh as ``fast_erf`` / ``fast_tanh``, vectorizable, instead
+  of one scalar libm call per
   element.
 - ``prepack+fast_math``: both.
 
@@ -38,6 +39,11 @@ Protocol:
                                        [--trials 64] [--repeats 3]
                                        [--variants prepack fast_math]
     .venv/bin/python bench/lowering.py --render    # re-analyse the saved runs
+    .venv/bin/python bench/lowering.py --models bert_block --operator softmax --variants fast_math
+
+``--operator NAME`` tunes the kernels whose operators include NAME instead (up to ``--tasks``
+of them, most FLOPs first): a kernel of few FLOPs, such as a softmax, can still be much of a
+model's time. Its runs and results (``lowering_NAME.{md,json}``) are kept apart.
 
 Resumable: a finished run's ``result.json`` is kept; a run without one is redone from
 nothing. Writes ``--out``/lowering.{md,json} (PARTIAL until every run finished); the last line
@@ -85,6 +91,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--variants", nargs="+", default=list(DEFAULT_VARIANTS), metavar="VARIANT",
                         help=f"weighed against plain; of {others}")  # fmt: skip
     parser.add_argument("--tasks", type=int, default=3, help="tasks tuned per model")
+    parser.add_argument("--operator", default=None, metavar="NAME",
+                        help="tune kernels whose operators include NAME (softmax)")  # fmt: skip
     parser.add_argument("--trials", type=int, default=64, help="trials per task")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--search", default="evolutionary", choices=("evolutionary", "gradient"))
@@ -118,7 +126,8 @@ def variants(args: argparse.Namespace) -> list[str]:
 
 def root(args: argparse.Namespace) -> Path:
     """Runs of one setting live apart from any other's."""
-    return args.work / f"{args.search}-{args.tasks}tasks-{args.trials}trials"
+    which = f"{args.operator}-" if args.operator else ""
+    return args.work / f"{args.search}-{which}{args.tasks}tasks-{args.trials}trials"
 
 
 def run_dir(args: argparse.Namespace, model: str, variant: str, repeat: int) -> Path:
@@ -139,8 +148,11 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
 # --------------------------------------------------------------------------- one run (child)
 
 
-def ranked(tasks: list[Any], count: int) -> list[Any]:
-    """The ``count`` tasks with the most FLOPs per inference, largest first."""
+def ranked(tasks: list[Any], count: int, operator: str | None = None) -> list[Any]:
+    """The ``count`` tasks with the most FLOPs per inference, largest first; with
+    ``operator``, only tasks of which it is one of the operators."""
+    if operator:
+        tasks = [t for t in tasks if operator in kernel_key(t)[0].split("+")]
     return sorted(tasks, key=lambda t: (-t.weight * t.flops, t.kernel_class))[:count]
 
 
@@ -186,7 +198,9 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
     exact = Lowering(**VARIANTS[BASELINE])
     plain = extract(prepare(imported.mod, imported.params, target, exact), target)
     fused = prepare(imported.mod, imported.params, target, Lowering(**VARIANTS[variant]))
-    chosen = same_kernels(plain, extract(fused, target), ranked(plain, args.tasks))
+    chosen = same_kernels(plain, extract(fused, target), ranked(plain, args.tasks, args.operator))
+    if not chosen:
+        raise RuntimeError(f"{model}: no kernel has the operator {args.operator!r}")
     measure_untuned(chosen, target)
     out = run_dir(args, model, variant, repeat)
     start = time.perf_counter()
@@ -247,6 +261,8 @@ def child(args: argparse.Namespace, extra: list[str], log: Path) -> int:
             "--tasks", str(args.tasks), "--trials", str(args.trials), "--search", args.search,
             "--repeats", str(args.repeats), "--models", *args.models,
             "--variants", *args.variants, *extra]  # fmt: skip
+    if args.operator:
+        argv += ["--operator", args.operator]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
         return subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
@@ -346,6 +362,14 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
     return data
 
 
+def which(args: argparse.Namespace) -> str:
+    return f" of those whose operators include {args.operator}" if args.operator else ""
+
+
+def stem(args: argparse.Namespace) -> str:
+    return f"lowering_{args.operator}" if args.operator else "lowering"
+
+
 def fmt(value: float | None, spec: str = ".2f") -> str:
     return "–" if value is None else format(value, spec)
 
@@ -358,11 +382,11 @@ def markdown(args: argparse.Namespace, data: dict[str, Any]) -> str:
         + (" (PARTIAL)" if data["partial"] else ""),
         "",
         conditions(data["commit"], data["machine"]) + f" Per model the {args.tasks} tasks with "
-        f"the most FLOPs, tuned by {args.search} search for {args.trials} trials each from an "
-        f"empty database, {args.repeats} repeats per variant; medians. Ratio = plain / variant: "
-        "above 1 the variant is faster. End-to-end: the whole model compiled with that database "
-        "(other tasks untuned, in their variant's lowering), every library and ONNX Runtime "
-        "timed interleaved in one process.",
+        f"the most FLOPs{which(args)}, tuned by {args.search} search for {args.trials} trials "
+        f"each from an empty database, {args.repeats} repeats per variant; medians. Ratio = "
+        "plain / variant: above 1 the variant is faster. End-to-end: the whole model compiled "
+        "with that database (other tasks untuned, in their variant's lowering), every library "
+        "and ONNX Runtime timed interleaved in one process.",
         "",
         "| model | task (rank by FLOPs) | MFLOP | "
         + " | ".join(f"{v} µs" for v in names)
@@ -448,8 +472,8 @@ def main(argv: list[str] | None = None) -> int:
     data = gather(args)
     text = markdown(args, data)
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "lowering.md").write_text(text)
-    write_json(args.out / "lowering.json", data)
+    (args.out / f"{stem(args)}.md").write_text(text)
+    write_json(args.out / f"{stem(args)}.json", data)
     print(text)
     print(json.dumps(summary_line(data)))
     return 0

@@ -191,8 +191,8 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--fast-math",
         action=argparse.BooleanOptionalAction,
         default=True,
-        help="sigmoid/SiLU, erf/GELU and tanh by vectorizable approximations, not libm's "
-        "scalar calls (default: on)",
+        help="exp, softmax, sigmoid/SiLU, erf/GELU and tanh by vectorizable approximations, "
+        "not libm's scalar calls (default: on)",
     )
     parser.add_argument(
         "--weight-prepack",

@@ -14,6 +14,14 @@ arithmetic, vectorized like any other epilogue, with a relative error around 1e-
 ``erf`` (exact GELU) and ``tanh`` are libm calls too: bert_block's FFN kernel, a matmul with a
 GELU epilogue (``erf``), is its largest; ``topi.fast_erf`` and ``topi.fast_tanh`` are clamped
 rational polynomials (Eigen's), branch-free as well.
+
+Softmax exponentiates every element of its rows: on bert_block's attention scores (5 heads of
+24 × 24) the exact softmax stayed at its default schedule, ~13 µs, through 480 s of either
+searcher, a fifth of the model's estimated time, while 3 to 6 of its ~27 rounds went to it.
+``topi.nn.fast_softmax`` is the same max / exp / sum / divide with ``fast_exp``: 64
+evolutionary trials took that kernel to 7.1 µs against 13.0 exact (medians of 3,
+``bench/results/lowering_softmax.md``). TVM's Relay ``FastMath`` pass made the same four
+substitutions (exp, softmax, erf, tanh).
 """
 
 from __future__ import annotations
@@ -57,6 +65,23 @@ def fast_tanh(bb: Any, call: Any) -> Any:
     return bb.call_te(topi.fast_tanh, call.args[0], primfunc_name_hint="fast_tanh")
 
 
+def fast_exp(bb: Any, call: Any) -> Any:
+    """Legalize ``relax.exp(x)`` as ``fast_exp(x)``."""
+    from tvm import topi
+
+    return bb.call_te(topi.fast_exp, call.args[0], primfunc_name_hint="fast_exp")
+
+
+def fast_softmax(bb: Any, call: Any) -> Any:
+    """Legalize ``relax.nn.softmax(x, axis)`` as ``topi.nn.fast_softmax``: the row's maximum
+    subtracted first, as in the exact one, so ``fast_exp`` only ever sees x ≤ 0."""
+    from tvm import topi
+
+    return bb.call_te(
+        topi.nn.fast_softmax, call.args[0], call.attrs.axis, primfunc_name_hint="fast_softmax"
+    )
+
+
 # topi's fast_* approximate float32 (fast_erf float16 too) and fall back to the exact
 # function for other dtypes, so a float64 model keeps libm.
 APPROXIMATIONS = {
@@ -64,6 +89,8 @@ APPROXIMATIONS = {
     "relax.erf": fast_erf,
     "relax.nn.gelu": fast_gelu,
     "relax.tanh": fast_tanh,
+    "relax.exp": fast_exp,
+    "relax.nn.softmax": fast_softmax,
 }
 
 

@@ -112,12 +112,12 @@ class Lowering:
         compile time: TVM's ``cpu_weight_prepack``, without its change of the module's
         interface, because gradtune's weights are constants rather than inputs.
     fast_math : bool, default True
-        Sigmoid (and so SiLU), erf (exact GELU) and tanh computed by vectorizable polynomial
-        approximations (``topi.fast_exp``, ``fast_erf``, ``fast_tanh``) instead of a scalar libm
-        call per element (``fast_math.py`` says why and what it costs). On by default, as in
-        ONNX Runtime, whose MLAS approximates these functions too: on mbconv_se's two largest
-        SiLU convolutions it took evolutionary search from 228-270 µs and 97-123 µs (no better
-        than their default schedules) to under 50 µs and 20 µs at the same 64 trials
+        Exp, softmax, sigmoid (and so SiLU), erf (exact GELU) and tanh computed by vectorizable
+        polynomial approximations (``topi.fast_exp``, ``fast_erf``, ``fast_tanh``) instead of a
+        scalar libm call per element (``fast_math.py`` says why and what it costs). On by
+        default, as in ONNX Runtime, whose MLAS approximates these functions too: on mbconv_se's
+        two largest SiLU convolutions it took evolutionary search from 228-270 µs and 97-123 µs
+        (no better than their default schedules) to under 50 µs and 20 µs at the same 64 trials
         (``bench/results/lowering.md``).
     """
 

@@ -84,8 +84,8 @@ def test_weight_prepack_is_refused_for_a_gpu_target(tiny_model):
 
 def test_fast_math_legalizes_sigmoid_without_libm_and_keeps_the_outputs(llvm_target, tmp_path):
     """``fast_math``: a SiLU epilogue becomes ``x / (1 + fast_exp(-x))`` (no scalar ``expf``
-    per element), GELU and tanh take ``fast_erf`` and ``fast_tanh``, and the model still
-    matches its reference outputs."""
+    per element), exp and softmax take ``fast_exp``, GELU and tanh ``fast_erf`` and
+    ``fast_tanh``, and the model still matches its reference outputs."""
     from gradtune.frontend import load_model
     from gradtune.partition import extract
 
@@ -99,7 +99,8 @@ def test_fast_math_legalizes_sigmoid_without_libm_and_keeps_the_outputs(llvm_tar
         "        self.a, self.b = nn.Conv2d(3, 8, 3, padding=1), nn.Conv2d(8, 8, 1)\n"
         "    def forward(self, x):\n"
         "        x = torch.sigmoid(nn.functional.silu(self.a(x)))\n"
-        "        return torch.tanh(torch.erf(nn.functional.gelu(self.b(x))))\n\n\n"
+        "        x = torch.tanh(torch.erf(nn.functional.gelu(self.b(x))))\n"
+        "        return torch.softmax(x, dim=1) + torch.exp(-x)\n\n\n"
         "def get_model():\n"
         "    torch.manual_seed(0)\n"
         "    return M().eval(), (3 * torch.randn(1, 3, 8, 8),)\n"
@@ -113,9 +114,9 @@ def test_fast_math_legalizes_sigmoid_without_libm_and_keeps_the_outputs(llvm_tar
     assert any("tir_sigmoid" in n for n in names[False])
     assert not any("tir_sigmoid" in n for n in names[True])
     assert any("fast_sigmoid" in n for n in names[True])
-    for fast in ("fast_gelu", "fast_erf", "fast_tanh"):
+    for fast in ("fast_gelu", "fast_erf", "fast_tanh", "fast_softmax", "fast_exp"):
         assert any(fast in n for n in names[True]), (fast, names[True])
-    for libm in ("erf", "tanh"):  # no exact erf or tanh left
+    for libm in ("erf", "tanh", "softmax", "exp"):  # no libm call left
         assert all(n.count(libm) == n.count(f"fast_{libm}") for n in names[True]), names[True]
     fused = prepare(model.mod, model.params, llvm_target, Lowering(fast_math=True))
     runner = compilation.Runner(compilation.build(fused, llvm_target), llvm_target, model.inputs)

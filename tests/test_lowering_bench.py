@@ -77,7 +77,8 @@ def test_ratios_are_plain_over_each_variant_per_task_then_geomean(tmp_path):
 def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
     """The chosen kernels are found again in the fast-math lowering by operators and argument
     shapes, though their names and the task order differ; two SiLU convolutions of other
-    shapes are not mistaken for each other."""
+    shapes are not mistaken for each other. ``--operator`` picks kernels by an operator
+    instead: the softmax, whatever its FLOPs."""
     from lowering import ranked, same_kernels
 
     from gradtune.frontend import load_model
@@ -91,7 +92,7 @@ def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
         "    torch.manual_seed(0)\n"
         "    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2),\n"
         "                          nn.Conv2d(8, 16, 1), nn.SiLU(), nn.Flatten(),\n"
-        "                          nn.Linear(256, 10))\n"
+        "                          nn.Linear(256, 10), nn.Softmax(dim=1))\n"
         "    return model.eval(), (torch.randn(1, 3, 8, 8),)\n"
     )
     model = load_model(source)
@@ -108,3 +109,6 @@ def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
         assert ("tir_sigmoid" in old.name) == ("fast_sigmoid" in new.name)
         assert old.flops <= new.flops  # the approximation's arithmetic, never fewer
     assert len({t.name for t in found}) == 3
+    softmax = ranked(plain, 3, "softmax")
+    assert [t.kernel_class for t in softmax] == ["softmax"]
+    assert ["fast_softmax" in t.name for t in same_kernels(plain, fast, softmax)] == [True]

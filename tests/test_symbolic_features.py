@@ -142,6 +142,24 @@ def test_formulas_are_exact_on_a_fast_math_epilogue():
     assert result["exact_fraction"] == 1.0, result
 
 
+def test_formulas_are_exact_on_a_fast_softmax():
+    """The default lowering's softmax (``topi.nn.fast_softmax``: max, ``fast_exp`` of the
+    difference, sum, divide) over attention scores: every sketch is modelled exactly, so its
+    kernel is searched by the descent rather than falling back to evolutionary search."""
+    import tvm
+    from tvm import te, topi
+
+    from gradtune.symbolic.verify import summary, verify_module
+
+    x = te.placeholder((1, 5, 24, 24), name="X")
+    y = topi.nn.fast_softmax(x, axis=-1)
+    mod = tvm.IRModule({"main": te.create_prim_func([x, y])})
+    target = tvm.target.Target({"kind": "llvm", "num-cores": 2})
+    result = summary(verify_module(mod, target, samples=3, seed=1), 3)
+    assert result["sketches"] == result["verified_sketches"] >= 1, result
+    assert result["exact_fraction"] == 1.0, result
+
+
 def test_verify_holds_its_samples_out_of_every_fit():
     """No sample is a probe of the sketch-wide fit, nor a neighbour any per-case fit used."""
     import tvm

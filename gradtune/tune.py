@@ -335,6 +335,8 @@ def tune(
         for i, task in enumerate(tasks)
     ] if strategy is not None else []  # fmt: skip
     start = time.perf_counter()
+    if time_budget is not None:
+        session.deadline = start + time_budget
     devices = DeviceWatch(session.stop)
     scheduler = GradientTaskScheduler(
         seed=seed, deadline=None if time_budget is None else start + time_budget

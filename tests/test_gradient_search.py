@@ -259,6 +259,38 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     assert searched.descent_best_us == pytest.approx(2e3)
 
 
+def test_explorer_sits_out_a_batch_the_time_left_cannot_cover(llvm_target, small_cnn_conv):
+    """With less of the time budget left than the run's latest evolution and batch took, the
+    descent fills the whole batch (1 in 8 at random) and the run counts the skip; with time
+    enough, the explorer fills its half and its evolution is timed for the next decision."""
+    import time
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    conv = small_cnn_conv
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, random_warmup=False,
+                            build_at_first_batch=False)  # fmt: skip
+    search, session, context = _search_on(conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
+                      ms.cost_model.XGBModel())  # fmt: skip
+    assert search.explorer is not None
+    session.deadline = time.perf_counter() + 5.0
+    session.explorer_s, session.batch_s = 4.0, 3.0
+    assert len(search.generate_measure_candidates()) == 8
+    assert search._explored == 0 and search.summary.explorer_skipped == 1
+    assert search._explore_share == config.explore
+    session.deadline = time.perf_counter() + 600.0
+    candidates = search.generate_measure_candidates()
+    assert len(candidates) == 8
+    assert search._explored >= 1 and search.summary.explorer_skipped == 1
+    assert session.explorer_s not in (0.0, 4.0), "the evolution just run, timed"
+    results = [ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None)] * 8
+    search.notify_runner_results(candidates, results)
+    assert session.batch_s not in (0.0, 3.0), "the batch just measured, timed"
+
+
 def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, small_cnn_conv):
     """``explorer_in_warmup=False``: a task with nothing in the database gets its first batch
     from the descent, 1 in 8 of it drawn at random (``explore``), because the scheduler's

@@ -13,6 +13,7 @@ run's ``RunSummary`` and ``StopSignal`` live there too. Every strategy gradtune 
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -137,12 +138,16 @@ class RunSummary:
         Seeds and picks dropped for a NaN/inf gradient or score.
     dropped_members : int, default 0
         Ensemble member scores left out of μ and σ for being NaN or inf.
+    explorer_skipped : int, default 0
+        Batches whose explorer share the descent filled because what was left of the time
+        budget would not have covered an evolution and a measurement.
     """
 
     cost_model: str
     fallback_tasks: list[str] = field(default_factory=list)
     nan_seeds: int = 0
     dropped_members: int = 0
+    explorer_skipped: int = 0
 
 
 @dataclass
@@ -173,6 +178,12 @@ class Session:
         (``GradientConfig.split_by_wins``), over the run.
     explorer_wins : float, default 0.0
         Of those pairs, how many the explorer's program was faster in (a tie counts half).
+    deadline : float or None, default None
+        ``time.perf_counter()`` time at which the time budget ends (None: no time limit).
+    explorer_s : float, default 0.0
+        Seconds the run's latest explorer evolution took.
+    batch_s : float, default 0.0
+        Seconds from handing the run's latest batch over to being told its measurements.
     """
 
     stop: StopSignal = field(default_factory=StopSignal)
@@ -183,6 +194,13 @@ class Session:
     measured: int = 0
     explorer_pairs: int = 0
     explorer_wins: float = 0.0
+    deadline: float | None = None
+    explorer_s: float = 0.0
+    batch_s: float = 0.0
+
+    def time_left(self) -> float:
+        """Seconds until the time budget ends (inf without one)."""
+        return math.inf if self.deadline is None else self.deadline - time.perf_counter()
 
     def allow(self, wanted: int) -> int:
         """How many of ``wanted`` candidates the trial budget still allows; counted as spent

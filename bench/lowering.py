@@ -9,8 +9,7 @@ weighs each against the plain lowering, nothing else changed:
   prepacks its convolution weights too), folded into the constants at compile time.
 - ``fast_math``: sigmoid (and SiLU) legalized as ``1 / (1 + fast_exp(-x))``, exp and softmax
   with ``fast_exp``, erf (GELU) and tanh as ``fast_erf`` / ``fast_tanh``, vectorizable, instead
-  of one scalar libm call per
-  element.
+  of one scalar libm call per element.
 - ``prepack+fast_math``: both.
 
 Protocol:

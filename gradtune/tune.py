@@ -338,9 +338,7 @@ def tune(
     if time_budget is not None:
         session.deadline = start + time_budget
     devices = DeviceWatch(session.stop)
-    scheduler = GradientTaskScheduler(
-        seed=seed, deadline=None if time_budget is None else start + time_budget
-    )
+    scheduler = GradientTaskScheduler(seed=seed, deadline=session.deadline)
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
         _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),

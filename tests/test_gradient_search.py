@@ -391,6 +391,7 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     from tvm.s_tir import meta_schedule as ms
 
     from gradtune.search.gradient_search import GradientConfig
+    from gradtune.symbolic.sketch import decision_key
 
     class Spy:
         """The real explorer, with a record of what the search asked of it."""
@@ -414,10 +415,11 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
     search.explorer = spy = Spy(search.explorer)
-    rounds = []
+    rounds, handed = [], []
     for _ in range(2):
         candidates = search.generate_measure_candidates()
         assert len(candidates) == 8
+        handed.append(list(search._pending))  # (sketch, decisions); None outside the sketches
         results = [
             ms.runner.RunnerResult(run_secs=[1e-3 + 1e-4 * i], error_msg=None)
             for i in range(len(candidates))
@@ -427,7 +429,13 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     assert rounds[0].sampled and rounds[0].evolved >= 1
     assert not rounds[1].sampled and rounds[1].evolved >= 1
     assert spy.calls == ["generate", "notify"]
-    assert len(search.measured) == 16  # the random programs count as measured too
+    # The random programs count as measured too. A random draw can fall outside the modelled
+    # sketches (no decisions to key it by), so the count is of those that have them.
+    sampled = handed[0][8 - rounds[0].evolved :]
+    assert any(d is not None for _, d in sampled)
+    assert search.measured == {
+        (k, decision_key(d)) for batch in handed for k, d in batch if d is not None
+    }
     search.post_tuning()
 
 

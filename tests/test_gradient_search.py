@@ -429,8 +429,9 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     assert rounds[0].sampled and rounds[0].evolved >= 1
     assert not rounds[1].sampled and rounds[1].evolved >= 1
     assert spy.calls == ["generate", "notify"]
-    # The random programs count as measured too. A random draw can fall outside the modelled
-    # sketches (no decisions to key it by), so the count is of those that have them.
+    # The random programs count as measured too. A program can fall outside the modelled
+    # sketches (no decisions to key it by: MetaSchedule's evolution hands over simplified
+    # traces), so the count is of those that have them.
     sampled = handed[0][8 - rounds[0].evolved :]
     assert any(d is not None for _, d in sampled)
     assert search.measured == {

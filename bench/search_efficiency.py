@@ -93,6 +93,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="time the finished libraries of MODEL of this --gradient-config and of the default "
         "configuration interleaved in one process, and print the medians side by side",
     )  # fmt: skip
+    parser.add_argument(
+        "--against", action="append", default=[], metavar="FIELD=VALUE,...",
+        help="with --versus: time this --gradient-config's libraries alongside too (repeatable), "
+        "to weigh an ablation against another one rather than only against the default",
+    )  # fmt: skip
     mode.add_argument(
         "--restore", type=Path, metavar="DIR",
         help="put archived runs back into --work (libraries rebuilt), then stop",
@@ -150,16 +155,25 @@ def prepare_child(args: argparse.Namespace, layout: Layout) -> int:
 def versus(args: argparse.Namespace, layout: Layout) -> int:
     """The ablation's final libraries against the default configuration's, interleaved."""
     from searchbench.report import git_commit
-    from searchbench.timing import time_versus
+    from searchbench.timing import final_libraries, time_versus
 
     if not args.gradient_config and args.measure == "fixed":
         print("search_efficiency: --versus compares a --gradient-config (or --measure adaptive) "
               "with the default configuration", file=sys.stderr)  # fmt: skip
         return 2
-    default = Layout(layout.work, layout.budget)
+    layouts = {"default": Layout(layout.work, layout.budget)}
+    for config in args.against:
+        other = Layout(layout.work, layout.budget, config, layout.measure)
+        if not final_libraries({config: other}, args.versus):
+            print(f"search_efficiency: no finished runs of {args.versus} in {other.root}",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        layouts[config] = other
     name = layout.root.name.split("s-", 1)[1]
-    out = layout.root / "timing" / f"{args.versus}-versus-default.json"
-    record = time_versus({"default": default, name: layout}, args.versus, out)
+    layouts[name] = layout
+    against = "".join(f"+{config}" for config in args.against)
+    out = layout.root / "timing" / f"{args.versus}-versus-default{against}.json"
+    record = time_versus(layouts, args.versus, out)
     base = record["median_ms"].get("default/gradient")
     print(f"{args.versus}: median end-to-end ms at the budget, timed interleaved "
           f"(commit {git_commit()}, load {record['loadavg_before'][0]} → "
@@ -195,6 +209,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.versus:
         return versus(args, layout)
+    if args.against:
+        print("search_efficiency: --against weighs a configuration in a --versus timing; "
+              "give --versus MODEL", file=sys.stderr)  # fmt: skip
+        return 2
     if args.time:
         from searchbench.timing import time_model
 

@@ -43,14 +43,29 @@ def test_kernels_of_a_model_without_runs_is_one_line(tmp_path):
 @pytest.mark.parametrize(
     ("config", "says"),
     [
-        ([], "--versus compares a --gradient-config"),
-        (["--gradient-config", "evolutionary_explore=True"], "no finished runs of bert_block"),
+        (["--versus", "bert_block"], "--versus compares a --gradient-config"),
+        (
+            ["--versus", "bert_block", "--gradient-config", "evolutionary_explore=True"],
+            "no finished runs of bert_block to time",
+        ),
+        (
+            [
+                "--versus",
+                "bert_block",
+                "--gradient-config",
+                "explorer_every=2",
+                "--against",
+                "ranked_warmup=0",
+            ],
+            "no finished runs of bert_block in",
+        ),
+        (["--against", "ranked_warmup=0"], "--against weighs a configuration in a --versus"),
     ],
 )
 def test_versus_without_an_ablation_or_runs_is_one_line(tmp_path, config, says):
     done = subprocess.run(
         [sys.executable, str(BENCH / "search_efficiency.py"), "--work", str(tmp_path),
-         "--budget", "480", "--versus", "bert_block", *config],
+         "--budget", "480", *config],
         capture_output=True, text=True, timeout=300, cwd=ROOT,
     )  # fmt: skip
     assert done.returncode != 0

@@ -153,7 +153,8 @@ def prepare_child(args: argparse.Namespace, layout: Layout) -> int:
 
 
 def versus(args: argparse.Namespace, layout: Layout) -> int:
-    """The ablation's final libraries against the default configuration's, interleaved."""
+    """The ablation's final libraries against the default configuration's (and each
+    ``--against`` one's), interleaved in one process."""
     from searchbench.report import git_commit
     from searchbench.timing import final_libraries, time_versus
 

@@ -188,6 +188,10 @@ def versus(args: argparse.Namespace, layout: Layout) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.against and not args.versus:
+        print("search_efficiency: --against weighs a configuration in a --versus timing; "
+              "give --versus MODEL", file=sys.stderr)  # fmt: skip
+        return 2
     layout = Layout(args.work.resolve(), args.budget, args.gradient_config, args.measure)
     # A child asked to stop by SIGTERM stops as on Ctrl-C: between batches, fleet shut down.
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
@@ -210,10 +214,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.versus:
         return versus(args, layout)
-    if args.against:
-        print("search_efficiency: --against weighs a configuration in a --versus timing; "
-              "give --versus MODEL", file=sys.stderr)  # fmt: skip
-        return 2
     if args.time:
         from searchbench.timing import time_model
 

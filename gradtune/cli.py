@@ -199,6 +199,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="store weights in each tuned kernel's loop order, folded at compile time (CPU)",
     )
+    parser.add_argument(
+        "--conv-layout",
+        default="NCHW",
+        choices=["NCHW", "NHWC"],
+        help="the data layout 2-D convolutions are tuned in; NHWC puts output channels "
+        "innermost, where vectors span them (default: NCHW, the model's own)",
+    )
 
 
 def add_transfer_parser(sub) -> None:
@@ -658,6 +665,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         transfer_only=transfer,
         fast_math=args.fast_math,
         weight_prepack=args.weight_prepack,
+        conv_layout=args.conv_layout,
     )
     if os.environ.get(_RELAYED_BY) == str(os.getppid()):
         # The process of _run_in_own_session: its parent checked everything (checked_job).

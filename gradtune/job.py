@@ -71,6 +71,9 @@ class TuneJob:
     weight_prepack : bool, default False
         Weights stored in each tuned kernel's loop order, folded at compile time; CPU targets
         only (``partition.Lowering``).
+    conv_layout : str, default "NCHW"
+        The data layout 2-D convolutions are tuned in, "NCHW" or "NHWC"
+        (``partition.Lowering``).
     """
 
     model: str
@@ -95,12 +98,13 @@ class TuneJob:
     transfer_only: bool = False
     fast_math: bool = True
     weight_prepack: bool = False
+    conv_layout: str = "NCHW"
 
     @property
     def out_dir(self) -> Path:
         return Path(self.out)
 
-    def lowering_options(self) -> dict[str, bool]:
+    def lowering_options(self) -> dict[str, Any]:
         """The job's values of ``partition.Lowering``'s fields (what changes the tuned
         workloads), each a field of the job by the same name."""
         from dataclasses import fields
@@ -158,6 +162,7 @@ def validate(job: TuneJob) -> None:
     from .frontend import check_model_file
     from .measure.rpc_fleet import parse_tracker
     from .measure.runner import MEASURE_MODES
+    from .partition import CONV_LAYOUTS
     from .search import SEARCH_STRATEGIES
 
     check_model_file(job.model, job.input_shapes)
@@ -174,6 +179,10 @@ def validate(job: TuneJob) -> None:
     if job.measure not in MEASURE_MODES:
         raise GradtuneError(
             f"unknown --measure {job.measure!r}; choose one of {', '.join(MEASURE_MODES)}"
+        )
+    if job.conv_layout not in CONV_LAYOUTS:
+        raise GradtuneError(
+            f"unknown --conv-layout {job.conv_layout!r}; choose one of {', '.join(CONV_LAYOUTS)}"
         )
     if job.name is not None and not _NAME_RE.match(job.name):
         raise GradtuneError(f"--name {job.name!r}: use letters, digits, '.', '_' or '-'")
@@ -235,13 +244,16 @@ def check_resumed_target(job: TuneJob) -> None:
             f"--out {job.out_dir} was tuned for target {json.dumps(previous.get('target'))}, "
             f"not {json.dumps(job.target)}; choose another directory"
         )
-    from .partition import EXACT_LOWERING  # TVM is imported by now (the model was loaded)
+    from .partition import recorded_lowering  # TVM is imported by now (the model was loaded)
 
-    # Directories from before the options were recorded were tuned without them.
-    before = previous.get("lowering", asdict(EXACT_LOWERING))
+    # Directories from before an option was recorded were tuned without it.
+    before = recorded_lowering(previous.get("lowering"))
     if before != job.lowering_options():
-        flags = "--fast-math" if before.get("fast_math") else "--no-fast-math"
-        flags += " --weight-prepack" if before.get("weight_prepack") else ""
+        flags = "--fast-math" if before["fast_math"] else "--no-fast-math"
+        flags += " --weight-prepack" if before["weight_prepack"] else ""
+        flags += (
+            f" --conv-layout {before['conv_layout']}" if before["conv_layout"] != "NCHW" else ""
+        )
         raise GradtuneError(
             f"--out {job.out_dir} was tuned with {flags}; resume with the same options or "
             "choose another directory"

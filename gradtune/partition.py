@@ -97,6 +97,10 @@ def operator_family(kernel_class: str) -> str:
     return OTHER_FAMILY
 
 
+# Data layout → the kernel layout ``ConvertLayout`` gives 2-D convolutions' weights in it.
+CONV_LAYOUTS = {"NCHW": "OIHW", "NHWC": "HWIO"}
+
+
 @dataclass(frozen=True)
 class Lowering:
     """Options of the lowering to fused TIR that change what is tuned. Each changes the
@@ -119,15 +123,41 @@ class Lowering:
         two largest SiLU convolutions it took evolutionary search from 228-270 µs and 97-123 µs
         (no better than their default schedules) to under 50 µs and 20 µs at the same 64 trials
         (``bench/results/lowering.md``).
+    conv_layout : {"NCHW", "NHWC"}, default "NCHW"
+        The data layout 2-D convolutions are tuned in. ``"NHWC"`` runs Relax's
+        ``ConvertLayout`` (weights HWIO) before legalization: the output channels become the
+        innermost, contiguous axis of the output and of the weights, so a vectorized loop
+        over them loads and stores whole vectors whatever the stride, where NCHW vectorizes
+        over output columns (strided loads at stride 2, short rows late in a network). The
+        elementwise operators after a convolution follow its layout; a transpose is left
+        only where an NCHW tensor enters or leaves that region (the model's input). The
+        weights' transposition is folded into the constants.
     """
 
     weight_prepack: bool = False
     fast_math: bool = True
+    conv_layout: str = "NCHW"
+
+    def __post_init__(self) -> None:
+        if self.conv_layout not in CONV_LAYOUTS:
+            raise GradtuneError(
+                f"unknown convolution layout {self.conv_layout!r} (choose from "
+                f"{', '.join(CONV_LAYOUTS)})"
+            )
 
 
 DEFAULT_LOWERING = Lowering()
 # The lowering of the bundled dataset's measurements (libm's functions, as TVM lowers them).
-EXACT_LOWERING = Lowering(weight_prepack=False, fast_math=False)
+EXACT_LOWERING = Lowering(weight_prepack=False, fast_math=False, conv_layout="NCHW")
+
+
+def recorded_lowering(record: dict[str, Any] | None) -> dict[str, Any]:
+    """Every ``Lowering`` field of a recorded lowering (run.json, a benchmark's record). A
+    field the record lacks did not exist when it was written: its value is the one the code
+    had then, ``EXACT_LOWERING``'s."""
+    from dataclasses import asdict
+
+    return {**asdict(EXACT_LOWERING), **(record or {})}
 
 
 def prepare(
@@ -149,7 +179,11 @@ def prepare(
         raise GradtuneError(f"weight prepacking is for CPU targets (llvm), not {target.kind.name}")
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
-    seq = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
+    seq = []
+    if lowering.conv_layout != "NCHW":
+        layouts = [lowering.conv_layout, CONV_LAYOUTS[lowering.conv_layout]]
+        seq.append(relax.transform.ConvertLayout({"relax.nn.conv2d": layouts}))
+    seq += [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
     with target:
         seq += pipeline.library_dispatch_passes(target)
         if lowering.fast_math:
@@ -157,6 +191,10 @@ def prepare(
 
             seq.append(legalize_pass())
         seq += pipeline.legalize_passes(target)
+        if lowering.conv_layout != "NCHW":
+            # The weights' transposes are now kernels of constants: computed once, here,
+            # rather than tuned as tasks and run at every inference.
+            seq.append(relax.transform.FoldConstant())
         if lowering.weight_prepack:
             seq.append(relax.transform.AttachAttrLayoutFreeBuffers())
         return tvm.transform.Sequential(seq)(mod)

@@ -176,6 +176,14 @@ def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path):
     assert code != 0 and len(err) == 1
     assert "was tuned with --no-fast-math; resume with the same options" in err[0]
     assert [p.name for p in out.iterdir()] == ["run.json"]
+    # Tuned in NHWC, resumed in the model's own NCHW: other workloads again.
+    record["lowering"] = {"weight_prepack": False, "fast_math": True, "conv_layout": "NHWC"}
+    (out / "run.json").write_text(json.dumps(record))
+    code = main(["tune", model, "--out", str(out), "--resume"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code != 0 and len(err) == 1
+    assert "was tuned with --fast-math --conv-layout NHWC; resume" in err[0]
+    assert [p.name for p in out.iterdir()] == ["run.json"]
 
 
 def test_weight_prepack_is_refused_for_a_gpu_target():
@@ -186,6 +194,16 @@ def test_weight_prepack_is_refused_for_a_gpu_target():
     with pytest.raises(GradtuneError, match="for CPU targets \\(llvm\\), not cuda"):
         check_lowering(job)
     check_lowering(TuneJob(model="m.onnx", target={"kind": "cuda"}, fast_math=True))
+
+
+def test_an_unknown_convolution_layout_is_refused_by_a_flow_too():
+    """The CLI's choices stop a typo; a flow started from Prefect's UI goes through
+    ``make_job``, which names it the same way."""
+    from gradtune.errors import GradtuneError
+    from gradtune.job import make_job
+
+    with pytest.raises(GradtuneError, match="unknown --conv-layout 'nhwc'; choose one of NCHW"):
+        make_job(None, model=str(EXAMPLES / "small_cnn.py"), conv_layout="nhwc")
 
 
 def test_the_relayed_command_line_keeps_a_negated_flag():

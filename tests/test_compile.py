@@ -4,6 +4,7 @@ import pytest
 from gradtune import compilation
 from gradtune.errors import GradtuneError
 from gradtune.partition import Lowering, prepare
+from tests.conftest import EXAMPLES
 
 
 def test_untuned_build_matches_reference_and_exports(tiny_model, llvm_target, tmp_path):
@@ -121,3 +122,33 @@ def test_fast_math_legalizes_sigmoid_without_libm_and_keeps_the_outputs(llvm_tar
     fused = prepare(model.mod, model.params, llvm_target, Lowering(fast_math=True))
     runner = compilation.Runner(compilation.build(fused, llvm_target), llvm_target, model.inputs)
     assert compilation.verify(runner.outputs(), model.reference_outputs, "fast math") < 1e-5
+
+
+def test_nhwc_lowering_tunes_convolutions_channels_last_and_keeps_the_outputs(llvm_target):
+    """``conv_layout="NHWC"``: every 2-D convolution's kernel takes NHWC data and HWIO weights
+    (its output channels innermost), the weights' transposes are folded into constants rather
+    than left as tasks, and the model still matches its reference outputs."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from gradtune.frontend import load_model
+    from gradtune.partition import extract
+
+    model = load_model(EXAMPLES / "small_cnn.py")
+    fused = prepare(model.mod, model.params, llvm_target, Lowering(conv_layout="NHWC"))
+    tasks = extract(fused, llvm_target)
+    convs = [t for t in tasks if "conv2d" in t.kernel_class]
+    assert len(convs) == 4
+    for task in convs:
+        data, weight = (
+            tuple(int(d) for d in a.shape) for a in ArgInfo.from_prim_func(task.mod["main"])[:2]
+        )
+        assert data[3] == weight[2], (task.name, data, weight)  # NHWC's C is HWIO's I
+    # The model's NCHW input is transposed once; no weight is transposed at run time.
+    assert sum(t.kernel_class == "transpose" for t in tasks) == 1
+    runner = compilation.Runner(compilation.build(fused, llvm_target), llvm_target, model.inputs)
+    assert compilation.verify(runner.outputs(), model.reference_outputs, "NHWC") < 1e-4
+
+
+def test_an_unknown_convolution_layout_is_one_line():
+    with pytest.raises(GradtuneError, match="unknown convolution layout 'NCHW16c'"):
+        Lowering(conv_layout="NCHW16c")

@@ -51,6 +51,13 @@ def default_lowering(exact: bool = False) -> dict[str, bool]:
     return asdict(EXACT_LOWERING if exact else DEFAULT_LOWERING)
 
 
+def recorded_lowering(record: dict[str, Any] | None) -> dict[str, Any]:
+    """Every ``Lowering`` field of a recorded lowering, those it lacks as they were then."""
+    from gradtune.partition import recorded_lowering as complete
+
+    return complete(record)
+
+
 def workload_key(task: Any) -> str:
     """A task's structural hash as the dataset and the JSONDatabase key workloads."""
     import tvm_ffi

@@ -187,8 +187,8 @@ def prepared_ok(layout: Layout, model: str) -> dict[str, Any] | None:
     if "error" not in record and record.get("features_sha1") != file_sha1(features_path()):
         return None
     # Another lowering tunes other tasks (fast math renames and rehashes every SiLU kernel);
-    # preparations from before it was recorded were made with libm's functions.
-    before = record.get("lowering", api.default_lowering(exact=True))
+    # preparations from before an option was recorded were made without it.
+    before = api.recorded_lowering(record.get("lowering"))
     if "error" not in record and before != api.default_lowering():
         return None
     return record

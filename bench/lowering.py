@@ -1,4 +1,4 @@
-"""Lowering options: do weight prepacking and fast math give faster kernels on this CPU?
+"""Lowering options: do weight prepacking, fast math and NHWC give faster kernels on this CPU?
 
 Issue 19 asks what the search space and the compilation lack against ONNX Runtime. Two
 lowering options (``gradtune.partition.Lowering``) change what is tuned, and this benchmark
@@ -11,15 +11,19 @@ weighs each against the plain lowering, nothing else changed:
   with ``fast_exp``, erf (GELU) and tanh as ``fast_erf`` / ``fast_tanh``, vectorizable, instead
   of one scalar libm call per element.
 - ``prepack+fast_math``: both.
+- ``nhwc``: 2-D convolutions and what follows them in NHWC (weights HWIO) by Relax's
+  ``ConvertLayout``, so the output channels are the contiguous innermost axis a vector spans;
+  ``nhwc+fast_math`` with fast math too.
 
 Protocol:
 
 1. **Models** (``searchbench.models``): by default mbconv_se (in no zoo; depthwise and 1×1
    convolutions with SiLU, a squeeze-excitation head) and bert_block (in no zoo; dense layers).
 2. **Tasks**: the ``--tasks`` tasks with the most FLOPs (weight × FLOPs per call) in the plain
-   lowering. An option changes a kernel's body, not the fusion or the kernel's arguments, so
-   each variant tunes the same kernels, found by their arguments' shapes and their operator
-   sequence without the approximated function's prefix (``tir_sigmoid`` / ``fast_sigmoid``).
+   lowering. An option changes a kernel's body or its arguments' layout, not the fusion, so
+   each variant tunes the same kernels, found by their arguments' extents (sorted: a layout
+   permutes them) and their operator sequence without the approximated function's prefix
+   (``tir_sigmoid`` / ``fast_sigmoid``).
    Neither a variant's own FLOP rank (fast_exp adds FLOPs) nor the task order (it differs)
    would do.
 3. **Runs**: per (model, variant, repeat), in a fresh process, from an empty database:
@@ -42,7 +46,8 @@ Protocol:
 
 ``--operator NAME`` tunes the kernels whose operators include NAME instead (up to ``--tasks``
 of them, most FLOPs first): a kernel of few FLOPs, such as a softmax, can still be much of a
-model's time. Its runs and results (``lowering_NAME.{md,json}``) are kept apart.
+model's time. Its runs and results (``lowering_NAME.{md,json}``) are kept apart; so are the
+results of other ``--variants`` than the default pair (``lowering_nhwc.{md,json}``).
 
 Resumable: a finished run's ``result.json`` is kept; a run without one is redone from
 nothing. Writes ``--out``/lowering.{md,json} (PARTIAL until every run finished); the last line
@@ -71,11 +76,14 @@ from searchbench.report import conditions, git_commit, machine
 BASELINE = "plain"
 # Variant → Lowering fields, every field given (the defaults move); plain, libm's functions
 # and plain weights, is every variant's baseline and always runs.
+_PLAIN = {"weight_prepack": False, "fast_math": False, "conv_layout": "NCHW"}
 VARIANTS = {
-    BASELINE: {"weight_prepack": False, "fast_math": False},
-    "prepack": {"weight_prepack": True, "fast_math": False},
-    "fast_math": {"weight_prepack": False, "fast_math": True},
-    "prepack+fast_math": {"weight_prepack": True, "fast_math": True},
+    BASELINE: _PLAIN,
+    "prepack": {**_PLAIN, "weight_prepack": True},
+    "fast_math": {**_PLAIN, "fast_math": True},
+    "prepack+fast_math": {**_PLAIN, "weight_prepack": True, "fast_math": True},
+    "nhwc": {**_PLAIN, "conv_layout": "NHWC"},
+    "nhwc+fast_math": {**_PLAIN, "conv_layout": "NHWC", "fast_math": True},
 }
 DEFAULT_VARIANTS = ("prepack", "fast_math")
 DEFAULT_MODELS = ("mbconv_se", "bert_block")
@@ -158,14 +166,15 @@ def ranked(tasks: list[Any], count: int, operator: str | None = None) -> list[An
 def kernel_key(task: Any) -> tuple:
     """What names a kernel in every lowering: its operators without the prefix an
     approximation adds or drops (``tir+sigmoid`` / ``fast+sigmoid``), and its arguments'
-    shapes."""
+    extents, each argument's sorted: another data layout permutes them (NCHW / NHWC, weights
+    OIHW / HWIO)."""
     import re
 
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     ops = re.sub(r"\b(tir|fast)\+", "", task.kernel_class)
     args = ArgInfo.from_prim_func(task.mod["main"])
-    shapes = tuple(tuple(int(d) for d in arg.shape) for arg in args)
+    shapes = tuple(tuple(sorted(int(d) for d in arg.shape)) for arg in args)
     return ops, shapes
 
 
@@ -366,7 +375,13 @@ def which(args: argparse.Namespace) -> str:
 
 
 def stem(args: argparse.Namespace) -> str:
-    return f"lowering_{args.operator}" if args.operator else "lowering"
+    """Results of other kernels (``--operator``), or of other variants than the default
+    set, go to files of their own."""
+    if args.operator:
+        return f"lowering_{args.operator}"
+    if sorted(args.variants) == sorted(DEFAULT_VARIANTS):
+        return "lowering"
+    return "lowering_" + "_".join(v.replace("+", "-") for v in args.variants)
 
 
 def fmt(value: float | None, spec: str = ".2f") -> str:
@@ -377,7 +392,7 @@ def markdown(args: argparse.Namespace, data: dict[str, Any]) -> str:
     names = data["variants"]
     others = names[1:]
     lines = [
-        "# Lowering options (weight prepacking, fast math) against the plain lowering"
+        "# Lowering options (weight prepacking, fast math, NHWC) against the plain lowering"
         + (" (PARTIAL)" if data["partial"] else ""),
         "",
         conditions(data["commit"], data["machine"]) + f" Per model the {args.tasks} tasks with "

@@ -76,9 +76,9 @@ def test_ratios_are_plain_over_each_variant_per_task_then_geomean(tmp_path):
 
 def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
     """The chosen kernels are found again in the fast-math lowering by operators and argument
-    shapes, though their names and the task order differ; two SiLU convolutions of other
-    shapes are not mistaken for each other. ``--operator`` picks kernels by an operator
-    instead: the softmax, whatever its FLOPs."""
+    shapes, though their names and the task order differ, and in NHWC, though the shapes are
+    permuted; two SiLU convolutions of other shapes are not mistaken for each other.
+    ``--operator`` picks kernels by an operator instead: the softmax, whatever its FLOPs."""
     from lowering import ranked, same_kernels
 
     from gradtune.frontend import load_model
@@ -109,6 +109,10 @@ def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
         assert ("tir_sigmoid" in old.name) == ("fast_sigmoid" in new.name)
         assert old.flops <= new.flops  # the approximation's arithmetic, never fewer
     assert len({t.name for t in found}) == 3
+    # In NHWC the convolutions' arguments are permuted (HWIO weights): found all the same.
+    nhwc = Lowering(fast_math=False, conv_layout="NHWC")
+    channels_last = extract(prepare(model.mod, model.params, llvm_target, nhwc), llvm_target)
+    assert [t.name for t in same_kernels(plain, channels_last, chosen)] == [t.name for t in chosen]
     softmax = ranked(plain, 3, "softmax")
     assert [t.kernel_class for t in softmax] == ["softmax"]
     assert ["fast_softmax" in t.name for t in same_kernels(plain, fast, softmax)] == [True]

@@ -132,3 +132,32 @@ def test_timing_is_redone_when_a_library_under_a_timed_label_changes(tmp_path):
     assert not up_to_date(layout, "bert_block"), "same label, another library"
     write_json(layout.timing("bert_block"), {"ms": {"gradient-r0@100": 0.04}})
     assert not up_to_date(layout, "bert_block"), "a record without identities vouches for nothing"
+
+
+def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_own(tmp_path):
+    """A default that moved since a layout's gradient runs were made (ranked_warmup went from 0
+    to 256) would mix two searches under one name: resuming is refused in one line naming the
+    field, before any run starts; runs recorded with today's configuration pass."""
+    import json
+
+    from searchbench.layout import Layout, RunSpec
+
+    layout = Layout(tmp_path, 480.0)
+    now = layout.gradient_effective()
+    assert now["ranked_warmup"] == 256
+    result = layout.result(RunSpec("bert_block", "gradient", 0))
+    result.parent.mkdir(parents=True)
+    result.write_text(json.dumps({"gradient_config_effective": now}))
+    assert layout.mixed_config(["bert_block"]) is None
+    result.write_text(json.dumps({"gradient_config_effective": {**now, "ranked_warmup": 0}}))
+    assert "ranked_warmup=0 (now 256)" in layout.mixed_config(["bert_block"])
+    assert Layout(tmp_path, 480.0, "ranked_warmup=0").mixed_config(["bert_block"]) is None
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "search_efficiency.py"), "--work", str(tmp_path),
+         "--budget", "480", "--models", "bert_block"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "bert_block gradient runs of another configuration: ranked_warmup=0" in lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["480s"]  # nothing prepared

@@ -108,6 +108,35 @@ class Layout:
         pairs = [item.split("=", 1) for item in self.gradient_config.split(",") if item]
         return {key.strip(): value(text.strip()) for key, text in pairs}
 
+    def gradient_effective(self) -> dict[str, Any]:
+        """Every ``GradientConfig`` field the layout's gradient runs search with: its
+        overrides over today's defaults, which move (``ranked_warmup`` went from 0 to 256)."""
+        from gradtune.search.gradient_search import GradientConfig
+
+        # As result.json gives it back (tuples as lists), so the two compare equal.
+        return json.loads(json.dumps(GradientConfig(**self.gradient_kwargs())._asdict()))
+
+    def mixed_config(self, models: list[str]) -> str | None:
+        """Why new gradient runs of ``models`` would not be of the configuration the layout's
+        finished ones ran (a default moved since), in one line; None if they would be. Runs
+        from before the configuration was recorded cannot be told apart and pass."""
+        now = self.gradient_effective()
+        for model in models:
+            for result in self.results(model):
+                then = result.get("gradient_config_effective")
+                if then is None or then == now:
+                    continue
+                moved = ", ".join(
+                    f"{key}={then.get(key)!r} (now {now.get(key)!r})"
+                    for key in sorted(set(then) | set(now))
+                    if then.get(key) != now.get(key)
+                )
+                return (
+                    f"{self.root} holds {model} gradient runs of another configuration: {moved}; "
+                    "name it with --gradient-config, or use another --work"
+                )
+        return None
+
     def needs_ensemble(self) -> bool:
         """Whether the configuration's gradient search scores with a deep ensemble."""
         from gradtune.search.gradient_search import GradientConfig

@@ -195,6 +195,10 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
             else f"{scheduler}: {ensemble}"
         ),
         "gradient_config": layout.gradient_config if spec.searcher == "gradient" else "",
+        # The whole configuration, not only the overrides: defaults move between commits.
+        "gradient_config_effective": (
+            layout.gradient_effective() if spec.searcher == "gradient" else None
+        ),
         **tuned,
         "records_in_db": records,
         # Every measured candidate, failed or not, is one record: the truncation relies on it.

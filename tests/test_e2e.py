@@ -31,7 +31,11 @@ def _check_outputs(out: Path, trials: int) -> dict:
                 "reference_ms", "max_abs_err", "registered", "mlflow_uri"):  # fmt: skip
         assert key in summary, key
     assert summary["total_trials"] == len(_records(out)) == trials
-    assert summary["lowering"] == {"weight_prepack": False, "fast_math": True}
+    assert summary["lowering"] == {
+        "weight_prepack": False,
+        "fast_math": True,
+        "conv_layout": "NCHW",
+    }
     assert summary["untuned_ms"] > 0 and summary["tuned_ms"] > 0 and summary["reference_ms"] > 0
     assert summary["max_abs_err"] < 1e-2
     assert {"import", "partition", "tune", "compile"} <= set(summary["stage_seconds"])

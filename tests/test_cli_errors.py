@@ -157,32 +157,35 @@ def test_reserved_alias(capsys, out):
     assert "reserved by MLflow" in line
 
 
-def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path):
-    """A directory tuned with libm's functions holds other workloads' records than the same
-    model with fast math, today's default: resuming would quietly start over, so it is
-    refused, before any server, with the flag that resumes it."""
+@pytest.mark.parametrize(
+    ("lowering", "flags"),
+    [
+        # As a run from before the options were recorded left it: no "lowering" key.
+        (None, "--no-fast-math"),
+        # Tuned in NHWC, resumed in the model's own NCHW: other workloads again.
+        ({"weight_prepack": False, "fast_math": True, "conv_layout": "NHWC"},
+         "--fast-math --conv-layout NHWC"),
+    ],
+)  # fmt: skip
+def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path, lowering, flags):
+    """A directory tuned with libm's functions (or in NHWC) holds other workloads' records
+    than the same model in today's default lowering: resuming would quietly start over, so it
+    is refused, before any server, with the flags that resume it."""
     from gradtune.frontend import fingerprint
     from gradtune.target import parse_target
 
     model = str(EXAMPLES / "small_cnn.py")
     out = tmp_path / "run"
     out.mkdir()
-    # As a run from before the options were recorded left it: no "lowering" key.
     record = {"model": model, "entry": "get_model", "target": parse_target("llvm"),
               "fingerprint": fingerprint(model, "get_model", {})}  # fmt: skip
+    if lowering is not None:
+        record["lowering"] = lowering
     (out / "run.json").write_text(json.dumps(record))
     code = main(["tune", model, "--out", str(out), "--resume"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and len(err) == 1
-    assert "was tuned with --no-fast-math; resume with the same options" in err[0]
-    assert [p.name for p in out.iterdir()] == ["run.json"]
-    # Tuned in NHWC, resumed in the model's own NCHW: other workloads again.
-    record["lowering"] = {"weight_prepack": False, "fast_math": True, "conv_layout": "NHWC"}
-    (out / "run.json").write_text(json.dumps(record))
-    code = main(["tune", model, "--out", str(out), "--resume"])
-    err = capsys.readouterr().err.strip().splitlines()
-    assert code != 0 and len(err) == 1
-    assert "was tuned with --fast-math --conv-layout NHWC; resume" in err[0]
+    assert f"was tuned with {flags}; resume with the same options" in err[0]
     assert [p.name for p in out.iterdir()] == ["run.json"]
 
 

@@ -1,6 +1,6 @@
 """Lowering options: do weight prepacking, fast math and NHWC give faster kernels on this CPU?
 
-Issue 19 asks what the search space and the compilation lack against ONNX Runtime. Two
+Issue 19 asks what the search space and the compilation lack against ONNX Runtime. Three
 lowering options (``gradtune.partition.Lowering``) change what is tuned, and this benchmark
 weighs each against the plain lowering, nothing else changed:
 

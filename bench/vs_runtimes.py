@@ -23,6 +23,7 @@ matches the budget and the model's source is skipped (delete the file to redo it
 that did not finish is started again from nothing, so the budget holds.
 
     .venv/bin/python bench/vs_runtimes.py [--budget 480] [--models ...] [--work DIR]
+    .venv/bin/python bench/vs_runtimes.py --render     # gather the finished models only
     nohup .venv/bin/python bench/vs_runtimes.py > /tmp/vs_runtimes.log 2>&1 &
 
 Writes ``--out``/vs_runtimes.{md,json} (commit, machine, load averages; marked PARTIAL until
@@ -61,6 +62,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--models", nargs="+", default=None, choices=sorted(MODELS))
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "vs_runtimes")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument("--render", action="store_true",
+                        help="only gather the finished models' results; tune nothing")  # fmt: skip
     # Internal: the timing step, run in a fresh process.
     parser.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -333,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     names = args.models or list(MODELS)
     failed: dict[str, str] = {}
-    for name in names:
+    for name in [] if args.render else names:
         bench = MODELS[name]
         if finished(args.work, bench, args.budget, args.trials):
             print(f"{name}: done before, kept", flush=True)

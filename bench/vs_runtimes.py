@@ -193,6 +193,18 @@ def time_in_child(work: Path, name: str, repeats: int) -> dict[str, Any]:
     return json.loads(path.read_text())
 
 
+def tuned_at(summary: dict[str, Any]) -> str:
+    """The gradtune commit that tuned a run: its summary's, or for a run recorded before
+    summaries named it, the MLflow run's source commit (MLflow cannot tell a dirty checkout)."""
+    commit = summary.get("gradtune_commit")
+    if commit is None:
+        from mlflow.tracking import MlflowClient
+
+        run = MlflowClient(tracking_uri=summary["mlflow_uri"]).get_run(summary["run_id"])
+        commit = run.data.tags.get("mlflow.source.git.commit", "unknown")
+    return commit[:7] + (" dirty" if commit.endswith("-dirty") else "")
+
+
 def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
     work = args.work
     load_before = os.getloadavg()
@@ -206,6 +218,7 @@ def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
         "budget_s": args.budget,
         "trials_budget": args.trials,
         "search": summary["search"],
+        "tuned_at": tuned_at(summary),
         "trials": summary["total_trials"],
         "tuning_seconds": summary["tuning_seconds"],
         "tasks": summary["tasks"],
@@ -235,7 +248,11 @@ def gather(args: argparse.Namespace, names: list[str], failed: dict[str, str]) -
     results = {}
     for name in names:
         if finished(args.work, MODELS[name], args.budget, args.trials):
-            results[name] = json.loads(result_path(args.work, name).read_text())
+            result = json.loads(result_path(args.work, name).read_text())
+            if "tuned_at" not in result:  # recorded before results named their tune's commit
+                summary = json.loads((run_dir(args.work, name) / "summary.json").read_text())
+                result["tuned_at"] = tuned_at(summary)
+            results[name] = result
     vs_ort = [r["vs_ort"] for r in results.values() if r["vs_ort"] is not None]
     return {
         "commit": git_commit(),
@@ -263,17 +280,19 @@ def markdown(data: dict[str, Any]) -> str:
         "CLI's default), then its compiled library timed against the peers interleaved in one "
         "fresh process, all on the target's core count (median of the repeats). Ratio = tuned "
         "ms / peer ms: below 1 the tuned model is faster. The machine may be shared: see the "
-        "load averages (1, 5, 15 min) recorded per model.",
+        "load averages (1, 5, 15 min) recorded per model. The commit above rendered this file; "
+        "each model was tuned at the commit its row names.",
         "",
-        "| model | zoo | trials | tuned ms | ONNX Runtime ms | torch.compile ms | eager ms "
-        "| vs ORT | vs torch.compile | vs eager | load avg (timing) |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| model | zoo | tuned at | trials | tuned ms | ONNX Runtime ms | torch.compile ms "
+        "| eager ms | vs ORT | vs torch.compile | vs eager | load avg (timing) |",
+        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     notes = []
     for name, r in data["models"].items():
         p = r["peers"]
         cells = [
-            name, r["zoo_model"] or "held out", str(r["trials"]), f"{r['tuned_ms']:.3f}",
+            name, r["zoo_model"] or "held out", r["tuned_at"], str(r["trials"]),
+            f"{r['tuned_ms']:.3f}",
             fmt(p["ONNX Runtime"]["ms"], ".3f"), fmt(p["torch.compile"]["ms"], ".3f"),
             fmt(p["PyTorch eager"]["ms"], ".3f"), fmt(r["vs_ort"]), fmt(r["vs_torch_compile"]),
             fmt(r["vs_eager"]), " / ".join(f"{x:.1f}" for x in r["loadavg_before"]),

@@ -21,7 +21,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from . import compilation, peers, registry, report, roofline
+from . import compilation, peers, provenance, registry, report, roofline
 from .errors import GradtuneError
 from .frontend import ImportedModel, fingerprint, load_model
 from .job import TuneJob, mark_out_dir
@@ -285,6 +285,8 @@ def run_summary(
         "framework": model.framework,
         "target": job.target,
         "search": "transfer" if job.transfer_only else job.search,
+        # The code that tuned it ("-dirty": with uncommitted changes), for results that name it.
+        "gradtune_commit": provenance.git_commit(),
         "tasks": len(tasks),
         "trials": tuned.trials,
         "resumed_trials": tuned.resumed_trials,

@@ -39,6 +39,9 @@ def _check_outputs(out: Path, trials: int) -> dict:
     assert summary["untuned_ms"] > 0 and summary["tuned_ms"] > 0 and summary["reference_ms"] > 0
     assert summary["max_abs_err"] < 1e-2
     assert {"import", "partition", "tune", "compile"} <= set(summary["stage_seconds"])
+    # The code that tuned it: this checkout's HEAD (the tests run from the repository).
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    assert summary["gradtune_commit"].removesuffix("-dirty") == head.stdout.strip()
     report = (out / "report.md").read_text()
     assert report.startswith("# gradtune report")
     # The peers, timed beside the tuned model: each has a latency or says why it has none.

@@ -1,4 +1,5 @@
-"""A LocalBuilder whose workers skip TVM's tensor-intrinsic registry on CPU targets.
+"""The tuning's build: MetaSchedule's default build, minus TVM's tensor-intrinsic registry on
+CPU targets, in worker processes that die with their owner.
 
 The stock ``default_build`` imports ``tvm.s_tir.tensor_intrin`` in every fresh worker: ~29 s on
 2 cores against a 30 s build timeout, so every trial fails and tuning silently does nothing
@@ -31,15 +32,12 @@ def fast_build(mod: Any, target: Any, _params: dict | None) -> Any:
     return tvm_build(mod, target=target)
 
 
-def make_builder(max_workers: int, timeout_sec: float = 60.0):
-    from tvm.s_tir import meta_schedule as ms
+def make_builder(max_workers: int, timeout_sec: float = 60.0) -> Any:
+    """The tuning's builder: ``fast_build`` in a pool reused across batches
+    (``pooled_builder``); call its ``shutdown()`` when done."""
+    from .pooled_builder import metaschedule_builder
 
-    return ms.builder.LocalBuilder(
-        max_workers=max_workers,
-        timeout_sec=timeout_sec,
-        f_build=fast_build,
-        initializer=worker_lifeline(),
-    )
+    return metaschedule_builder(max_workers, timeout_sec)
 
 
 def worker_lifeline() -> functools.partial:

@@ -1,8 +1,10 @@
 """gradtune's fast build in a worker pool that outlives one batch.
 
 MetaSchedule's LocalBuilder starts a fresh pool per batch (against a worker memory leak); each
-new worker imports TVM, which on a loaded 2-core machine costs more than the builds of a
-16-candidate batch. Recycling the pool every ``recycle`` batches keeps the leak bounded.
+new worker imports TVM, which costs seconds per batch on a 2-core machine: more than the
+builds of a 16-candidate batch when the machine is loaded, and time the tuning budget pays
+every round. Recycling the pool every ``recycle`` batches keeps the leak bounded.
+``metaschedule_builder`` hands the same pool to MetaSchedule's task scheduler.
 """
 
 from __future__ import annotations
@@ -49,6 +51,26 @@ class PooledBuilder:
             self._pool.shutdown()
             self._pool = None
             self._uses = 0
+
+
+def metaschedule_builder(max_workers: int, timeout_sec: float = 60.0) -> Any:
+    """A ``PooledBuilder`` behind MetaSchedule's ``PyBuilder`` seam, for ``tune_tasks``; its
+    ``shutdown()`` stops the pool."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    @derived_object
+    class MetaSchedulePooledBuilder(ms.builder.PyBuilder):
+        def __init__(self) -> None:
+            self.pooled = PooledBuilder(max_workers, timeout_sec)
+
+        def build(self, build_inputs: list[Any]) -> list[Any]:
+            return self.pooled.build(build_inputs)
+
+        def shutdown(self) -> None:
+            self.pooled.shutdown()
+
+    return MetaSchedulePooledBuilder()
 
 
 def _build_and_export(job: tuple[Any, Any]) -> str:

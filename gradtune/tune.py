@@ -38,6 +38,7 @@ from .search import SEARCH_STRATEGIES, make_strategy
 from .search.scheduler import GradientTaskScheduler
 from .search.session import ReportingStrategy, RoundLog, RunSummary, Session
 from .stop import defer_signals
+from .tune_logs import task_loggers
 from .tvm_compat import register_tensor_intrinsics
 
 log = logging.getLogger(__name__)
@@ -293,18 +294,9 @@ def tune(
         trials_per_round = default_trials_per_round(remaining, len(tasks))
     register_tensor_intrinsics(target.kind.name)
     cores = int(target.attrs.get("num-cores", 0) or psutil.cpu_count(logical=False) or 1)
-    # MetaSchedule's console chatter (a statistics table per round) would drown the progress
-    # bar; per-task logs still go to work_dir/logs.
-    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
-    if ms_logger.level in (logging.NOTSET, logging.DEBUG, logging.INFO):
-        ms_logger.setLevel(logging.WARNING)
-    # MetaSchedule rebuilds its logging config from the names of the handlers already on its
-    # logger; an unnamed one (pytest's capture handler, a user's) becomes None in that list and
-    # crashes every later tune() in the process. They would be replaced anyway: drop them.
-    for handler in list(ms_logger.handlers):
-        if not handler.get_name():
-            ms_logger.removeHandler(handler)
-    loggers = ms.logging.get_loggers_from_work_dir(str(work_dir), [t.name for t in tasks])
+    # MetaSchedule's per-task logs go to work_dir/logs; on the console only its warnings, not
+    # the statistics table of every round, which would drown the progress bar.
+    loggers = task_loggers(work_dir, [t.name for t in tasks])
     # One strategy object for the run: each TuneContext clones it, and the clones share the
     # session (and the gradient search's online cost model, so what one task measures teaches
     # the search of the others).
@@ -386,6 +378,7 @@ def tune(
                 result.stopped_by_time_budget |= scheduler.out_of_time
     finally:
         runner.pool.shutdown()
+        builder.shutdown()
     devices.raise_if_lost()
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary

@@ -24,6 +24,7 @@ import re
 import shlex
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -41,7 +42,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from gradtune.database_repair import repair_database
 from gradtune.errors import GradtuneError
-from gradtune.measure.rpc_fleet import LocalFleet, Tracker, check_fleet_host, free_port
+from gradtune.measure.rpc_fleet import LocalFleet, Tracker, _port_open, check_fleet_host, free_port
 from gradtune.measure.rpc_session import (
     BoundedSession,
     DevicesLost,
@@ -291,6 +292,27 @@ def test_a_helper_process_dies_with_its_owner_killed_with_9(tmp_path):
     owner.wait()
     assert _gone([member], within=5), "the helper outlived its owner"
     assert not logs.exists()
+
+
+def test_a_helper_given_a_port_to_await_runs_only_once_it_listens():
+    """``--after HOST:PORT``: how the fleet's servers start beside their tracker."""
+    tracker, served = free_port(), free_port()
+    member = subprocess.Popen(
+        [sys.executable, "-m", "gradtune.lifeline", str(os.getpid()), "--after",
+         f"127.0.0.1:{tracker}", "http.server", str(served), "--bind", "127.0.0.1"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        time.sleep(2)
+        assert member.poll() is None and not _port_open("127.0.0.1", served)
+        with socket.create_server(("127.0.0.1", tracker)):
+            deadline = time.monotonic() + 10
+            while not _port_open("127.0.0.1", served):
+                assert time.monotonic() < deadline, "the module did not start after the port"
+                time.sleep(0.1)
+    finally:
+        member.kill()
+        member.wait()
 
 
 POOL_OWNER = textwrap.dedent("""

@@ -147,13 +147,14 @@ class LocalFleet:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _spawn(self, args: list[str]) -> subprocess.Popen:
+    def _spawn(self, args: list[str], after: tuple[str, ...] | list[str] = ()) -> subprocess.Popen:
+        """``after``: the lifeline's ``--after HOST:PORT``, run ``args`` once that port is up."""
         if self._log_dir is None:
             self._log_dir = tempfile.mkdtemp(prefix="gradtune-rpc-")
         log_path = os.path.join(
             self._log_dir, f"{args[0].rsplit('.', 1)[-1]}-{len(self._procs)}.log"
         )
-        lifeline = ["gradtune.lifeline", str(os.getpid()), "--remove", self._log_dir]
+        lifeline = ["gradtune.lifeline", str(os.getpid()), "--remove", self._log_dir, *after]
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", *lifeline, *args],
@@ -173,13 +174,15 @@ class LocalFleet:
         log.info("starting RPC tracker on %s:%d", self.host, port)
         tracker_args = ["--host", self.host, "--port", str(port), "--port-end", str(port + 1)]
         self._spawn(["tvm.exec.rpc_tracker", *tracker_args])
-        self._wait(lambda: _port_open(self.host, port), "RPC tracker did not start")
+        # The servers start beside the tracker, importing TVM while it does, and connect once
+        # it listens.
         for _ in range(self.num_servers):
             server_port = free_port()
             server_args = ["--host", self.host, "--port", str(server_port)]
             server_args += ["--port-end", str(server_port + 1)]
             server_args += ["--tracker", f"{self.host}:{port}", "--key", self.key]
-            self._spawn(["tvm.exec.rpc_server", *server_args])
+            self._spawn(["tvm.exec.rpc_server", *server_args], ["--after", f"{self.host}:{port}"])
+        self._wait(lambda: _port_open(self.host, port), "RPC tracker did not start")
         # Registration takes seconds; measuring before it completes makes every trial fail.
         self._wait(
             lambda: query_free_servers(self.tracker) >= self.num_servers,

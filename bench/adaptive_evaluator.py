@@ -56,41 +56,30 @@ TRUTH = {"number": 10, "repeat": 10, "min_repeat_ms": 100}
 def sample_candidates(per_task: int, tasks_per_model: int, seed: int) -> list[dict[str, Any]]:
     """Built random candidates of the costliest tasks: task name, artifact, argument info."""
     import psutil
+    from searchbench.api import random_schedules
     from tvm.s_tir import meta_schedule as ms
 
-    from gradtune.frontend import load_model
     from gradtune.measure.builder import make_builder
-    from gradtune.partition import partition
     from gradtune.target import make_target, parse_target
 
     target = make_target(parse_target(None))
     cores = psutil.cpu_count(logical=False) or 1
     builder = make_builder(max_workers=cores)
     candidates = []
-    for path in MODELS:
-        model = load_model(str(ROOT / path), "get_model", {})
-        _, tasks = partition(model.mod, model.params, target)
-        tasks.sort(key=lambda t: -t.untuned_total_us if math.isfinite(t.untuned_us) else 0)
-        for index, task in enumerate(tasks[:tasks_per_model]):
-            context = ms.TuneContext(
-                mod=task.mod, target=target, space_generator="post-order-apply",
-                search_strategy="replay-trace", task_name=task.name, num_threads=cores,
-                rand_state=seed + index,
-            )  # fmt: skip
-            context.pre_tuning(
-                max_trials=per_task,
-                num_trials_per_iter=per_task,
-                design_spaces=context.generate_design_space(),
-            )
-            picks = context.generate_measure_candidates() or []
+    paths = [ROOT / path for path in MODELS]
+    try:
+        for model, task, picks in random_schedules(
+            paths, tasks_per_model, per_task, seed, target, cores
+        ):
             built = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for c in picks])
             for cand, result in zip(picks, built, strict=True):
                 if result.error_msg is None:
                     candidates.append({
-                        "model": Path(path).stem, "task": task.name,
-                        "artifact": result.artifact_path,
+                        "model": model, "task": task, "artifact": result.artifact_path,
                         "args_info": tuple(a.as_json() for a in cand.args_info),
                     })  # fmt: skip
+    finally:
+        builder.shutdown()
     return candidates
 
 

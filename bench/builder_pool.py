@@ -27,13 +27,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
+from searchbench.api import random_schedules
 from searchbench.layout import write_json
 from searchbench.models import ROOT
 from searchbench.report import conditions, git_commit, machine
@@ -57,33 +57,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def sample_batches(batch: int, tasks_per_model: int, seed: int, target: Any) -> list[tuple]:
-    """(task name, BuilderInputs) of the costliest tasks' random schedules."""
+def sample_batches(
+    batch: int, tasks_per_model: int, seed: int, target: Any, cores: int
+) -> list[tuple[str, list[Any]]]:
+    """(model/task, BuilderInputs) of the costliest tasks' random schedules."""
     from tvm.s_tir import meta_schedule as ms
 
-    from gradtune.frontend import load_model
-    from gradtune.partition import partition
-    from gradtune.tvm_compat import register_tensor_intrinsics
-
-    register_tensor_intrinsics(target.kind.name)
-    batches = []
-    for path in MODELS:
-        model = load_model(str(ROOT / path), "get_model", {})
-        _, tasks = partition(model.mod, model.params, target)
-        tasks.sort(key=lambda t: -t.untuned_total_us if math.isfinite(t.untuned_us) else 0)
-        for index, task in enumerate(tasks[:tasks_per_model]):
-            context = ms.TuneContext(
-                mod=task.mod, target=target, space_generator="post-order-apply",
-                search_strategy="replay-trace", task_name=task.name, rand_state=seed + index,
-            )  # fmt: skip
-            context.pre_tuning(
-                max_trials=batch, num_trials_per_iter=batch,
-                design_spaces=context.generate_design_space(),
-            )  # fmt: skip
-            picks = context.generate_measure_candidates() or []
-            inputs = [ms.builder.BuilderInput(c.sch.mod, target) for c in picks]
-            batches.append((f"{Path(path).stem}/{task.name}", inputs))
-    return batches
+    paths = [ROOT / path for path in MODELS]
+    return [
+        (f"{model}/{task}", [ms.builder.BuilderInput(c.sch.mod, target) for c in picks])
+        for model, task, picks in random_schedules(
+            paths, tasks_per_model, batch, seed, target, cores
+        )
+    ]
 
 
 def timed(fn) -> tuple[Any, float]:
@@ -103,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     config = parse_target(None)
     target = make_target(config)
     cores = psutil.cpu_count(logical=False) or 1
-    batches = sample_batches(args.batch, args.tasks_per_model, args.seed, target)
+    batches = sample_batches(args.batch, args.tasks_per_model, args.seed, target, cores)
     load = [os.getloadavg()]
     builders, construct = {}, {}
     builders[FRESH], construct[FRESH] = timed(

@@ -41,6 +41,36 @@ def partition_model(model: Any, target: Any) -> tuple[Any, list[Any]]:
     return partition(model.mod, model.params, target)
 
 
+def random_schedules(
+    paths: list[Path], tasks_per_model: int, count: int, seed: int, target: Any, cores: int
+) -> Iterator[tuple[str, str, list[Any]]]:
+    """Per model file, its ``tasks_per_model`` costliest tasks (untuned latency × calls), each
+    with ``count`` random schedules of its design space (MetaSchedule's replay-trace
+    sampling): (model stem, task name, MeasureCandidates)."""
+    import math
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.tvm_compat import register_tensor_intrinsics
+
+    register_tensor_intrinsics(target.kind.name)
+    for path in paths:
+        model = import_model(path)
+        _, tasks = partition_model(model, target)
+        tasks.sort(key=lambda t: -t.untuned_total_us if math.isfinite(t.untuned_us) else 0)
+        for index, task in enumerate(tasks[:tasks_per_model]):
+            context = ms.TuneContext(
+                mod=task.mod, target=target, space_generator="post-order-apply",
+                search_strategy="replay-trace", task_name=task.name, num_threads=cores,
+                rand_state=seed + index,
+            )  # fmt: skip
+            context.pre_tuning(
+                max_trials=count, num_trials_per_iter=count,
+                design_spaces=context.generate_design_space(),
+            )  # fmt: skip
+            yield Path(path).stem, task.name, list(context.generate_measure_candidates() or [])
+
+
 def default_lowering(exact: bool = False) -> dict[str, bool]:
     """The lowering ``partition_model`` (like the CLI) tunes in, as ``Lowering``'s fields;
     ``exact``: the one before fast math was the default (libm's functions)."""

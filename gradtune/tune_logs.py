@@ -23,6 +23,7 @@ _FORMAT = logging.Formatter("%(asctime)s [%(levelname)s] %(message)s", "%Y-%m-%d
 # The handlers this module attached, closed and replaced by its next call: a process that
 # tunes again (tests, a Dask worker) keeps one open file per log, not one per run.
 _ours: list[tuple[logging.Logger, logging.Handler]] = []
+_console_level: int | None = None
 
 
 def task_loggers(work_dir: Path, task_names: list[str]) -> list[logging.Logger]:
@@ -43,8 +44,12 @@ def task_loggers(work_dir: Path, task_names: list[str]) -> list[logging.Logger]:
         _ours.append((logger, handler))
 
     glob = logging.getLogger(GLOBAL)
-    # A level set above WARNING (by a user) holds for the console; the files get everything.
-    console = glob.level if glob.level > logging.WARNING else logging.WARNING
+    # The console shows warnings, or less if a user set a higher level before the first tune
+    # (from then on the logger is at DEBUG, for the files).
+    global _console_level
+    if _console_level is None:
+        _console_level = max(glob.level, logging.WARNING)
+    console = _console_level
     glob.setLevel(logging.DEBUG)
     glob.propagate = False
     attach(glob, logging.StreamHandler(sys.stdout), console)

@@ -147,14 +147,16 @@ class LocalFleet:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _spawn(self, args: list[str], after: tuple[str, ...] | list[str] = ()) -> subprocess.Popen:
-        """``after``: the lifeline's ``--after HOST:PORT``, run ``args`` once that port is up."""
+    def _spawn(self, args: list[str], after: str | None = None) -> subprocess.Popen:
+        """``after`` (``HOST:PORT``): run ``args`` only once that port listens (the lifeline's
+        ``--after``)."""
         if self._log_dir is None:
             self._log_dir = tempfile.mkdtemp(prefix="gradtune-rpc-")
         log_path = os.path.join(
             self._log_dir, f"{args[0].rsplit('.', 1)[-1]}-{len(self._procs)}.log"
         )
-        lifeline = ["gradtune.lifeline", str(os.getpid()), "--remove", self._log_dir, *after]
+        lifeline = ["gradtune.lifeline", str(os.getpid()), "--remove", self._log_dir]
+        lifeline += ["--after", after] if after else []
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
                 [sys.executable, "-m", *lifeline, *args],
@@ -181,7 +183,7 @@ class LocalFleet:
             server_args = ["--host", self.host, "--port", str(server_port)]
             server_args += ["--port-end", str(server_port + 1)]
             server_args += ["--tracker", f"{self.host}:{port}", "--key", self.key]
-            self._spawn(["tvm.exec.rpc_server", *server_args], ["--after", f"{self.host}:{port}"])
+            self._spawn(["tvm.exec.rpc_server", *server_args], after=f"{self.host}:{port}")
         self._wait(lambda: _port_open(self.host, port), "RPC tracker did not start")
         # Registration takes seconds; measuring before it completes makes every trial fail.
         self._wait(

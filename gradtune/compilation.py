@@ -6,9 +6,13 @@ so every database key matches and the two differ only in the schedules applied.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import statistics
+import sys
+import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -176,8 +180,35 @@ def time_interleaved_samples(
 def export(executable: Any, path: Path) -> Path:
     """Write the compiled model as a shared library loadable by ``tvm.runtime.load_module``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    executable.export_library(str(path))
+    with without_stderr_lines(SCOPE_SAVING):
+        executable.export_library(str(path))
     return path
+
+
+# TVM 0.27's VM executable logs every memory scope it saves at WARNING level, once per
+# constant of a model that has run (``executable.cc``: "Warning: Scope Saving:"): dozens of
+# lines in every tune's output that say nothing to a user.
+SCOPE_SAVING = "Warning: Scope Saving:"
+
+
+@contextlib.contextmanager
+def without_stderr_lines(fragment: str) -> Iterator[None]:
+    """Drop the lines containing ``fragment`` that C++ (or anything) writes to file descriptor
+    2 within the block; the others are written after it, in order."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            lines = held.read().splitlines(keepends=True)
+            kept = [line for line in lines if fragment.encode() not in line]
+            if kept:
+                os.write(2, b"".join(kept))
 
 
 def load_exported(path: Path, target: Any | None = None):

@@ -1,3 +1,5 @@
+import os
+
 import numpy as np
 import pytest
 
@@ -19,6 +21,27 @@ def test_untuned_build_matches_reference_and_exports(tiny_model, llvm_target, tm
 
     out = compilation.flatten_outputs(vm["main"](tvm.runtime.tensor(tiny_model.inputs[0], dev)))
     np.testing.assert_allclose(out[0], tiny_model.reference_outputs[0], rtol=1e-4, atol=1e-5)
+
+
+def test_export_drops_tvms_scope_saving_warnings_and_keeps_other_stderr(
+    llvm_target, tmp_path, capfd
+):
+    from gradtune.frontend import load_model
+
+    model = load_model(str(EXAMPLES / "small_cnn.py"))
+    executable = compilation.build(prepare(model.mod, model.params, llvm_target), llvm_target)
+    compilation.Runner(executable, llvm_target, model.inputs).run()  # a model that has run logs
+    capfd.readouterr()
+    with compilation.without_stderr_lines("Scope Saving"):
+        executable.export_library(str(tmp_path / "probe.so"))
+        os.write(2, b"a line of someone else\n")
+    err = capfd.readouterr().err
+    assert err == "a line of someone else\n"
+    compilation.export(executable, tmp_path / "m.so")
+    assert "Scope Saving" not in capfd.readouterr().err
+    # Without the filter TVM says it: the test would notice TVM stopping.
+    executable.export_library(str(tmp_path / "again.so"))
+    assert compilation.SCOPE_SAVING in capfd.readouterr().err
 
 
 def test_verify_rejects_wrong_outputs():

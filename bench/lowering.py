@@ -76,7 +76,9 @@ from searchbench.report import conditions, git_commit, machine
 BASELINE = "plain"
 # Variant → Lowering fields, every field given (the defaults move); plain, libm's functions
 # and plain weights, is every variant's baseline and always runs.
-_PLAIN = {"weight_prepack": False, "fast_math": False, "conv_layout": "NCHW"}
+_PLAIN = {
+    "weight_prepack": False, "fast_math": False, "conv_layout": "NCHW", "fold_batchnorm": False,
+}  # fmt: skip
 VARIANTS = {
     BASELINE: _PLAIN,
     "prepack": {**_PLAIN, "weight_prepack": True},
@@ -84,6 +86,8 @@ VARIANTS = {
     "prepack+fast_math": {**_PLAIN, "weight_prepack": True, "fast_math": True},
     "nhwc": {**_PLAIN, "conv_layout": "NHWC"},
     "nhwc+fast_math": {**_PLAIN, "conv_layout": "NHWC", "fast_math": True},
+    "fold_bn": {**_PLAIN, "fold_batchnorm": True},
+    "fold_bn+fast_math": {**_PLAIN, "fold_batchnorm": True, "fast_math": True},
 }
 DEFAULT_VARIANTS = ("prepack", "fast_math")
 DEFAULT_MODELS = ("mbconv_se", "bert_block")
@@ -165,17 +169,20 @@ def ranked(tasks: list[Any], count: int, operator: str | None = None) -> list[An
 
 def kernel_key(task: Any) -> tuple:
     """What names a kernel in every lowering: its operators without the prefix an
-    approximation adds or drops (``tir+sigmoid`` / ``fast+sigmoid``), and its arguments'
-    extents, each argument's sorted: another data layout permutes them (NCHW / NHWC, weights
-    OIHW / HWIO)."""
+    approximation adds or drops (``tir+sigmoid`` / ``fast+sigmoid``) and with a BatchNorm's
+    decomposition as the bias ``add`` its folding leaves; and the extents of its data, weights
+    and output, each argument's sorted: another data layout permutes them (NCHW / NHWC,
+    weights OIHW / HWIO). The per-channel constants between them differ when BatchNorm is
+    folded."""
     import re
 
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
     ops = re.sub(r"\b(tir|fast)\+", "", task.kernel_class)
+    ops = ops.replace("subtract+divide+multiply+add", "add")
     args = ArgInfo.from_prim_func(task.mod["main"])
-    shapes = tuple(tuple(sorted(int(d) for d in arg.shape)) for arg in args)
-    return ops, shapes
+    shapes = [tuple(sorted(int(d) for d in arg.shape)) for arg in args]
+    return ops, tuple(shapes[:2] + shapes[-1:])
 
 
 def same_kernels(plain: list[Any], tasks: list[Any], chosen: list[Any]) -> list[Any]:
@@ -392,8 +399,8 @@ def markdown(args: argparse.Namespace, data: dict[str, Any]) -> str:
     names = data["variants"]
     others = names[1:]
     lines = [
-        "# Lowering options (weight prepacking, fast math, NHWC) against the plain lowering"
-        + (" (PARTIAL)" if data["partial"] else ""),
+        "# Lowering options (weight prepacking, fast math, NHWC, BatchNorm folding) against the "
+        "plain lowering" + (" (PARTIAL)" if data["partial"] else ""),
         "",
         conditions(data["commit"], data["machine"]) + f" Per model the {args.tasks} tasks with "
         f"the most FLOPs{which(args)}, tuned by {args.search} search for {args.trials} trials "

@@ -51,6 +51,7 @@ def tune_model(
     fast_math: bool = True,
     weight_prepack: bool = False,
     conv_layout: str = "NCHW",
+    fold_batchnorm: bool = False,
 ) -> dict[str, Any]:
     """import → partition → tune over RPC → compile/verify/time → report + register.
 
@@ -62,7 +63,7 @@ def tune_model(
         search=search, tracker=tracker, key=key, mlflow_uri=mlflow_uri, name=name, alias=alias,
         rpc_servers=rpc_servers, seed=seed, measure=measure, library=library,
         library_from=library_from, transfer_only=transfer_only, fast_math=fast_math,
-        weight_prepack=weight_prepack, conv_layout=conv_layout,
+        weight_prepack=weight_prepack, conv_layout=conv_layout, fold_batchnorm=fold_batchnorm,
     )  # fmt: skip
     with exit_on_signals(), flow_logging.to_run_logs():
         imported = tuning.import_model(job)

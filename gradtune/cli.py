@@ -206,6 +206,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="the data layout 2-D convolutions are tuned in; NHWC puts output channels "
         "innermost, where vectors span them (default: NCHW, the model's own)",
     )
+    parser.add_argument(
+        "--fold-batchnorm",
+        action="store_true",
+        help="fold each BatchNorm after a 2-D convolution into its weights and a bias",
+    )
 
 
 def add_transfer_parser(sub) -> None:
@@ -666,6 +671,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         fast_math=args.fast_math,
         weight_prepack=args.weight_prepack,
         conv_layout=args.conv_layout,
+        fold_batchnorm=args.fold_batchnorm,
     )
     if os.environ.get(_RELAYED_BY) == str(os.getppid()):
         # The process of _run_in_own_session: its parent checked everything (checked_job).

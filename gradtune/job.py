@@ -74,6 +74,8 @@ class TuneJob:
     conv_layout : str, default "NCHW"
         The data layout 2-D convolutions are tuned in, "NCHW" or "NHWC"
         (``partition.Lowering``).
+    fold_batchnorm : bool, default False
+        BatchNorms after 2-D convolutions folded into their weights (``partition.Lowering``).
     """
 
     model: str
@@ -99,6 +101,7 @@ class TuneJob:
     fast_math: bool = True
     weight_prepack: bool = False
     conv_layout: str = "NCHW"
+    fold_batchnorm: bool = False
 
     @property
     def out_dir(self) -> Path:
@@ -254,6 +257,7 @@ def check_resumed_target(job: TuneJob) -> None:
         flags += (
             f" --conv-layout {before['conv_layout']}" if before["conv_layout"] != "NCHW" else ""
         )
+        flags += " --fold-batchnorm" if before["fold_batchnorm"] else ""
         raise GradtuneError(
             f"--out {job.out_dir} was tuned with {flags}; resume with the same options or "
             "choose another directory"

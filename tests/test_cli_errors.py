@@ -165,6 +165,9 @@ def test_reserved_alias(capsys, out):
         # Tuned in NHWC, resumed in the model's own NCHW: other workloads again.
         ({"weight_prepack": False, "fast_math": True, "conv_layout": "NHWC"},
          "--fast-math --conv-layout NHWC"),
+        # BatchNorms folded: the convolutions' kernels are other workloads too.
+        ({"weight_prepack": False, "fast_math": True, "conv_layout": "NCHW",
+          "fold_batchnorm": True}, "--fast-math --fold-batchnorm"),
     ],
 )  # fmt: skip
 def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path, lowering, flags):

@@ -147,6 +147,29 @@ def test_fast_math_legalizes_sigmoid_without_libm_and_keeps_the_outputs(llvm_tar
     assert compilation.verify(runner.outputs(), model.reference_outputs, "fast math") < 1e-5
 
 
+def test_folded_batchnorm_leaves_no_division_in_the_convolutions_and_keeps_the_outputs(
+    llvm_target,
+):
+    """``fold_batchnorm``: every BatchNorm of small_cnn follows a convolution and is folded
+    into its weights and a bias; unfolded, each convolution's kernel divides every output
+    element by a per-channel constant."""
+    from gradtune.frontend import load_model
+    from gradtune.partition import extract
+
+    model = load_model(EXAMPLES / "small_cnn.py")
+    names = {}
+    for fold in (False, True):
+        fused = prepare(model.mod, model.params, llvm_target, Lowering(fold_batchnorm=fold))
+        names[fold] = [t.name for t in extract(fused, llvm_target)]
+        runner = compilation.Runner(compilation.build(fused, llvm_target), llvm_target,
+                                    model.inputs)  # fmt: skip
+        assert compilation.verify(runner.outputs(), model.reference_outputs, "folded") < 1e-4
+    convs = {fold: [n for n in names[fold] if "conv2d" in n] for fold in names}
+    assert len(convs[True]) == len(convs[False]) >= 4
+    assert all("divide" in n for n in convs[False]), convs[False]
+    assert not any("divide" in n or "subtract" in n for n in convs[True]), convs[True]
+
+
 def test_nhwc_lowering_tunes_convolutions_channels_last_and_keeps_the_outputs(llvm_target):
     """``conv_layout="NHWC"``: every 2-D convolution's kernel takes NHWC data and HWIO weights
     (its output channels innermost), the weights' transposes are folded into constants rather

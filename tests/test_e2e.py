@@ -35,6 +35,7 @@ def _check_outputs(out: Path, trials: int) -> dict:
         "weight_prepack": False,
         "fast_math": True,
         "conv_layout": "NCHW",
+        "fold_batchnorm": False,
     }
     assert summary["untuned_ms"] > 0 and summary["tuned_ms"] > 0 and summary["reference_ms"] > 0
     assert summary["max_abs_err"] < 1e-2

@@ -26,7 +26,6 @@ import runpy
 import select
 import shutil
 import signal
-import socket
 import sys
 import threading
 import time
@@ -74,12 +73,10 @@ def _wait_for_exit(owner: int) -> None:
 def await_port(host: str, port: int, poll: float = 0.1) -> None:
     """Return once ``host:port`` accepts a connection (the owner stops this process if it never
     does)."""
-    while True:
-        try:
-            socket.create_connection((host, port), timeout=1).close()
-            return
-        except OSError:
-            time.sleep(poll)
+    from .measure.rpc_fleet import port_open
+
+    while not port_open(host, port):
+        time.sleep(poll)
 
 
 def main(argv: list[str]) -> None:

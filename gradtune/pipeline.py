@@ -286,7 +286,7 @@ def run_summary(
         "target": job.target,
         "search": "transfer" if job.transfer_only else job.search,
         # The code that tuned it ("-dirty": with uncommitted changes), for results that name it.
-        "gradtune_commit": provenance.git_commit(),
+        provenance.GRADTUNE_COMMIT: provenance.git_commit(),
         "tasks": len(tasks),
         "trials": tuned.trials,
         "resumed_trials": tuned.resumed_trials,

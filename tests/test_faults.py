@@ -42,7 +42,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from gradtune.database_repair import repair_database
 from gradtune.errors import GradtuneError
-from gradtune.measure.rpc_fleet import LocalFleet, Tracker, _port_open, check_fleet_host, free_port
+from gradtune.measure.rpc_fleet import LocalFleet, Tracker, check_fleet_host, free_port, port_open
 from gradtune.measure.rpc_session import (
     BoundedSession,
     DevicesLost,
@@ -304,10 +304,10 @@ def test_a_helper_given_a_port_to_await_runs_only_once_it_listens():
     )  # fmt: skip
     try:
         time.sleep(2)
-        assert member.poll() is None and not _port_open("127.0.0.1", served)
+        assert member.poll() is None and not port_open("127.0.0.1", served)
         with socket.create_server(("127.0.0.1", tracker)):
             deadline = time.monotonic() + 10
-            while not _port_open("127.0.0.1", served):
+            while not port_open("127.0.0.1", served):
                 assert time.monotonic() < deadline, "the module did not start after the port"
                 time.sleep(0.1)
     finally:

@@ -184,7 +184,7 @@ class LocalFleet:
             server_args += ["--port-end", str(server_port + 1)]
             server_args += ["--tracker", f"{self.host}:{port}", "--key", self.key]
             self._spawn(["tvm.exec.rpc_server", *server_args], after=f"{self.host}:{port}")
-        self._wait(lambda: _port_open(self.host, port), "RPC tracker did not start")
+        self._wait(lambda: port_open(self.host, port), "RPC tracker did not start")
         # Registration takes seconds; measuring before it completes makes every trial fail.
         self._wait(
             lambda: query_free_servers(self.tracker) >= self.num_servers,
@@ -249,7 +249,7 @@ def _await_group_exit(pgid: int, grace: float = 5.0) -> None:
         pass
 
 
-def _port_open(host: str, port: int) -> bool:
+def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.5):
             return True

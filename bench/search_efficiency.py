@@ -4,8 +4,9 @@ search, each as ``gradtune tune --search S --time-budget B --trials 5000`` would
 Protocol (the parts live in bench/searchbench/):
 
 1. **Models** (``searchbench.models``): the four examples (ResNet-18-like, MobileNetV2-like,
-   Transformer encoder, DCGAN-like; zoo models) and three in no zoo (bench/models/: an
-   MBConv/squeeze-excitation CNN, a small UNet, a BERT-style block tuned from ONNX).
+   Transformer encoder, DCGAN-like; zoo models) and four in no zoo (bench/models/: an
+   MBConv/squeeze-excitation CNN, a small UNet, a BERT-style block and a SqueezeNet-style CNN,
+   both tuned from ONNX).
 2. **No leakage** (``searchbench.prepare``): per model, the gradient search's cost model is
    pretrained (params.yaml's ``pretrain`` settings) without every workload the dataset
    attributes to that model at any batch, and without any workload hashing like one of the

@@ -4,7 +4,7 @@ with no search, and how much sooner a warm-started search reaches what a cold on
 Protocol (the parts live in bench/transferbench/; models, preparation, the run machinery, the
 interleaved timing and the archive are the search-efficiency benchmark's, bench/searchbench/):
 
-1. **Models** (``searchbench.models``): the four examples (zoo models) and three in no zoo
+1. **Models** (``searchbench.models``): the four examples (zoo models) and four in no zoo
    (bench/models/). Each model's gradient search uses its leave-out cost model
    (``searchbench.prepare``: pretrained without the model's workloads; overlap asserted 0).
 2. **Runs** (``transferbench.layout``), each in a fresh subprocess:

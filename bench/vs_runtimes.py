@@ -4,8 +4,9 @@ Protocol:
 
 1. **Models** (``searchbench.models``, as bench/search_efficiency.py uses them): the four
    examples (ResNet-18-like, MobileNetV2-like, Transformer encoder, DCGAN-like: zoo models,
-   whose workloads the default cost model was pretrained on) and three in no zoo (bench/models/:
-   an MBConv/squeeze-excitation CNN, a small UNet, a BERT-style block tuned from ONNX).
+   whose workloads the default cost model was pretrained on) and four in no zoo (bench/models/:
+   an MBConv/squeeze-excitation CNN, a small UNet, a BERT-style block and a SqueezeNet-style
+   CNN, the last two tuned from ONNX).
 2. **Tune**: ``gradtune tune FILE --time-budget B --trials 5000`` in a subprocess, every other
    option the CLI's default (gradient search with the shipped pretrained cost model, local RPC
    fleet, this CPU with its core count), into ``WORK/runs/<model>``.

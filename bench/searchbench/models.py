@@ -1,4 +1,4 @@
-"""The benchmark's models: the four examples (zoo models) and three held out of the zoo.
+"""The benchmark's models: the four examples (zoo models) and four held out of the zoo.
 
 The examples are zoo models, so the gradient search's cost model is pretrained without every
 workload the dataset attributes to them (``zoo_name``). The held-out models are in no zoo;
@@ -71,5 +71,6 @@ MODELS: dict[str, BenchModel] = {
         _held_out("mbconv_se"),
         _held_out("unet_small"),
         _held_out("bert_block", onnx=True),
+        _held_out("squeeze_fire", onnx=True),
     )
 }

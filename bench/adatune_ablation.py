@@ -45,13 +45,16 @@ from pathlib import Path
 
 from adatunebench.layout import CONFIGS, AdaLayout, layout_of, plan
 from searchbench import driver
-from searchbench.layout import RunSpec, write_json
+from searchbench.layout import RunSpec, add_work_and_out, resolve_out, write_json
 from searchbench.models import MODELS, ROOT
 
 STEM = "adatune_ablation"
 SCRIPT = Path(__file__).resolve()
 DEFAULT_MODELS = ("dcgan_like", "resnet18_like", "mbconv_se", "bert_block")
 HELD_OUT_NEEDED = 2  # models in no zoo the cost model was pretrained on
+
+
+DEFAULT_WORK = ROOT / "bench" / "work"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -64,8 +67,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument("--configs", nargs="+", default=None, metavar="CONFIG",
                         help=f"of {', '.join(CONFIGS)} (default: all)")  # fmt: skip
-    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_work_and_out(parser, DEFAULT_WORK)
     parser.add_argument("--render", action="store_true", help="only re-analyse saved results")
     # Internal: the steps the orchestrator runs in subprocesses.
     parser.add_argument("--config", default="baseline", help=argparse.SUPPRESS)
@@ -74,7 +76,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help=argparse.SUPPRESS)  # fmt: skip
     step.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     step.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    resolve_out(args, DEFAULT_WORK)
+    return args
 
 
 def check(args: argparse.Namespace) -> str | None:

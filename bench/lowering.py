@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import Any
 
 from searchbench.analysis import geomean
-from searchbench.layout import write_json
+from searchbench.layout import add_work_and_out, resolve_out, write_json
 from searchbench.models import MODELS, ROOT
 from searchbench.report import conditions, git_commit, machine
 
@@ -94,6 +94,9 @@ DEFAULT_MODELS = ("mbconv_se", "bert_block")
 ORT = "ONNX Runtime"
 
 
+DEFAULT_WORK = ROOT / "bench" / "work" / "lowering"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(DEFAULT_MODELS), metavar="MODEL",
@@ -107,13 +110,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=64, help="trials per task")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--search", default="evolutionary", choices=("evolutionary", "gradient"))
-    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "lowering")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_work_and_out(parser, DEFAULT_WORK)
     parser.add_argument("--render", action="store_true", help="only re-analyse saved runs")
     parser.add_argument("--one", nargs=3, metavar=("MODEL", "VARIANT", "REPEAT"),
                         help=argparse.SUPPRESS)  # fmt: skip
     parser.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    resolve_out(args, DEFAULT_WORK)
+    return args
 
 
 def check(args: argparse.Namespace) -> str | None:

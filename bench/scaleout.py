@@ -37,6 +37,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from searchbench.layout import add_work_and_out, resolve_out
+
 ROOT = Path(__file__).resolve().parents[1]
 ONE_CORE = json.dumps({"kind": "llvm", "num-cores": 1})
 
@@ -186,16 +188,19 @@ def render(work: Path, out: Path) -> dict[str, Any]:
     return summary
 
 
+DEFAULT_WORK = ROOT / "bench" / "work" / "scaleout"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="examples/small_cnn.py")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budget", type=float, default=120.0, help="seconds per tune (part A)")
     parser.add_argument("--trials", type=int, default=24, help="trials per model (part B)")
-    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "scaleout")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_work_and_out(parser, DEFAULT_WORK)
     parser.add_argument("--render", action="store_true", help="only re-analyse saved runs")
     args = parser.parse_args(argv)
+    resolve_out(args, DEFAULT_WORK)
     if args.repeats < 1 or args.budget <= 0 or args.trials < 1:
         parser.error("--repeats, --budget and --trials must be positive")
     if not (ROOT / args.model).is_file():

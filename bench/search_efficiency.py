@@ -56,11 +56,14 @@ import traceback
 from pathlib import Path
 
 from searchbench import driver, report
-from searchbench.layout import Layout, RunSpec, plan, write_json
+from searchbench.layout import Layout, RunSpec, add_work_and_out, plan, resolve_out, write_json
 from searchbench.models import MODELS, ROOT
 
 SWEEP_MODELS = ("dcgan_like", "bert_block")
 SWEEP_PER_ROUND: tuple[int | None, ...] = (8, None, 64)
+
+
+DEFAULT_WORK = ROOT / "bench" / "work"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -68,8 +71,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--budget", type=float, default=300.0, help="seconds per run")
     parser.add_argument("--repeats", type=int, default=3, help="runs per searcher and model")
     parser.add_argument("--models", nargs="+", default=None, choices=sorted(MODELS))
-    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_work_and_out(parser, DEFAULT_WORK)
     parser.add_argument(
         "--gradient-config", default="", metavar="FIELD=VALUE,...",
         help="an ablation: the gradient search with these GradientConfig fields (its runs and "
@@ -113,7 +115,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     mode.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--per-round", type=int, default=None, help=argparse.SUPPRESS)
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    resolve_out(args, DEFAULT_WORK)
+    return args
 
 
 def specs_of(args: argparse.Namespace) -> tuple[list[RunSpec], str]:

@@ -45,12 +45,15 @@ import sys
 from pathlib import Path
 
 from searchbench import driver
-from searchbench.layout import RunSpec
+from searchbench.layout import RunSpec, add_work_and_out, resolve_out
 from searchbench.models import MODELS, ROOT
 from transferbench.layout import KINDS, TransferLayout, plan
 
 STEM = "transfer_tuning"
 SCRIPT = Path(__file__).resolve()
+
+
+DEFAULT_WORK = ROOT / "bench" / "work"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -59,8 +62,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=3, help="full and warm runs per model")
     parser.add_argument("--models", nargs="+", default=None, metavar="MODEL",
                         help=f"of {', '.join(MODELS)} (default: all)")  # fmt: skip
-    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_work_and_out(parser, DEFAULT_WORK)
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render", action="store_true", help="only re-analyse saved results")
     mode.add_argument(
@@ -80,7 +82,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     mode.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--gradient-config", default="", help=argparse.SUPPRESS)  # unused here
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    resolve_out(args, DEFAULT_WORK)
+    return args
 
 
 def check(args: argparse.Namespace) -> str | None:

@@ -47,12 +47,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from searchbench.layout import write_json
+from searchbench.layout import add_work_and_out, resolve_out, write_json
 from searchbench.models import MODELS, ROOT, BenchModel
 from searchbench.report import conditions, git_commit, machine
 
 TRIALS = 5000  # as search_efficiency: the budget ends the run; the trials only size batches
 MIN_REPEATS = 7
+
+
+DEFAULT_WORK = ROOT / "bench" / "work" / "vs_runtimes"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -61,13 +64,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--trials", type=int, default=TRIALS, help="gradtune tune --trials")
     parser.add_argument("--repeats", type=int, default=11, help=f"timing repeats (≥ {MIN_REPEATS})")
     parser.add_argument("--models", nargs="+", default=None, choices=sorted(MODELS))
-    parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "vs_runtimes")
-    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    add_work_and_out(parser, DEFAULT_WORK)
     parser.add_argument("--render", action="store_true",
                         help="only gather the finished models' results; tune nothing")  # fmt: skip
     # Internal: the timing step, run in a fresh process.
     parser.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    resolve_out(args, DEFAULT_WORK)
     if args.repeats < MIN_REPEATS:
         parser.error(f"--repeats must be at least {MIN_REPEATS}")
     return args

@@ -161,3 +161,19 @@ def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_ow
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "bert_block gradient runs of another configuration: ranked_warmup=0" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["480s"]  # nothing prepared
+
+
+@pytest.mark.parametrize(
+    "script",
+    ["search_efficiency", "vs_runtimes", "lowering", "transfer_tuning", "adatune_ablation"],
+)
+def test_results_follow_a_work_dir_of_its_own(tmp_path, script):
+    """Only the default work directory renders into the committed bench/results/: a trial
+    elsewhere once overwrote them."""
+    import importlib
+
+    module = importlib.import_module(script)
+    assert module.parse_args(["--work", str(tmp_path)]).out == tmp_path / "results"
+    assert module.parse_args([]).out == BENCH / "results"
+    chosen = tmp_path / "elsewhere"
+    assert module.parse_args(["--work", str(tmp_path), "--out", str(chosen)]).out == chosen

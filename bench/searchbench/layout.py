@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 SEARCHERS = ("gradient", "evolutionary")
+COMMITTED_RESULTS = Path(__file__).resolve().parents[1] / "results"
 FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where end-to-end latency is measured
 
 
@@ -202,3 +203,23 @@ def write_json(path: Path, data: Any) -> None:
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
     partial.write_text(json.dumps(data, indent=1) + "\n")
     partial.replace(path)
+
+
+def add_work_and_out(parser: Any, default_work: Path) -> None:
+    """A benchmark's ``--work`` and ``--out``; ``resolve_out`` fills ``--out`` in after parsing."""
+    parser.add_argument("--work", type=Path, default=default_work,
+                        help=f"state of the runs (default {default_work})")  # fmt: skip
+    parser.add_argument(
+        "--out", type=Path, default=None,
+        help="where the results are written (default: bench/results/ with the default --work, "
+        "WORK/results/ with another)",
+    )  # fmt: skip
+
+
+def resolve_out(args: Any, default_work: Path) -> None:
+    """``--out`` when none was given: the committed results for the default work directory
+    only. A trial in a work directory of its own (another machine, a probe) must not overwrite
+    the results of the runs git holds."""
+    if args.out is None:
+        same = args.work.resolve() == default_work.resolve()
+        args.out = COMMITTED_RESULTS if same else args.work / "results"

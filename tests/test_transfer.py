@@ -14,8 +14,23 @@ from gradtune.cli import main
 from gradtune.errors import GradtuneError
 from gradtune.partition import TuningTask, partition
 from gradtune.symbolic.variables import TileVar
-from gradtune.transfer.apply import ADAPTED, APPLIED, DesignSpace, nearest_tiling, transfer_schedule
-from gradtune.transfer.library import Library, Schedule, Source, load_library, write_task_table
+from gradtune.transfer.apply import (
+    ADAPTED,
+    APPLIED,
+    DesignSpace,
+    nearest_first,
+    nearest_tiling,
+    shape_distance,
+    transfer_schedule,
+)
+from gradtune.transfer.library import (
+    Library,
+    Schedule,
+    Source,
+    load_library,
+    transfer_class,
+    write_task_table,
+)
 from gradtune.transfer.selection import class_shares, eq1_score, rank_sources
 from tests.conftest import EXAMPLES, run_cli
 
@@ -52,8 +67,8 @@ def test_class_shares_are_untuned_time_per_class():
         _task("b", "conv2d+relu", 10.0),
         _task("c", "matmul+add", 30.0),
     ]
-    shares = class_shares(tasks)
-    assert shares == pytest.approx({"conv2d+relu": 0.7, "matmul+add": 0.3})
+    shares = class_shares(tasks)  # per transfer class: the compute kernels' operator family
+    assert shares == pytest.approx({"conv2d": 0.7, "matmul": 0.3})
     # Without untuned timings (no device here) FLOPs stand in.
     unknown = [_task("a", "x", math.nan), _task("b", "y", math.nan)]
     assert class_shares(unknown) == pytest.approx({"x": 0.5, "y": 0.5})
@@ -71,6 +86,20 @@ def test_ranking_picks_the_eq1_maximum_not_the_largest_source():
     assert [r.source.name for r in ranked] == ["few-conv", "both", "many-dense", "unrelated"]
     assert ranked[0].score == pytest.approx(0.64 * math.sqrt(2))
     assert ranked[-1].score == 0.0
+
+
+def test_transfer_classes_join_compute_kernels_across_epilogues_only():
+    bn_conv = "conv2d+subtract+divide+multiply+add+relu"
+    assert transfer_class(bn_conv) == transfer_class("conv2d+add+relu") == "conv2d"
+    assert transfer_class("blocks:conv2d_nchw+T_add+compute") == "conv2d"
+    # No compute family: only the same kernel class transfers.
+    assert transfer_class("max+pool2d") == "max+pool2d"
+    assert transfer_class("concatenate") != transfer_class("resize2d+concatenate")
+    # A BatchNorm-conv source counts for a model whose convolutions add a bias instead.
+    tasks = [_task("a", "conv2d+add+relu", 90.0), _task("b", "max+pool2d", 10.0)]
+    ranked = rank_sources(tasks, [_source("bn", {bn_conv: 4}), _source("pool", {"max+pool2d": 9})])
+    assert [r.source.name for r in ranked] == ["bn", "pool"]
+    assert ranked[0].score == pytest.approx(0.81 * 2)
 
 
 # --------------------------------------------------------------------------- the library
@@ -227,6 +256,48 @@ def test_adapted_schedule_is_a_valid_program_of_the_new_shape(mlp_tasks, wide_ta
     assert ADAPTED in statuses  # other extents: tiles had to be fitted
 
 
+def _measured_trace(task, target, seed: int = 7):
+    """A postprocessed program of ``task``'s first sketch, its trace as a database keeps it."""
+    import tvm
+
+    from gradtune.symbolic.verify import design_space
+
+    _, spaces, postprocs = design_space(task.mod, target, seed=seed)
+    sch = tvm.s_tir.Schedule(task.mod)
+    spaces[0].trace.apply_to_schedule(sch, remove_postproc=False)
+    sch.enter_postproc()
+    assert all(p.apply(sch) for p in postprocs)
+    return sch.trace.simplified(remove_postproc=False)
+
+
+def test_a_schedule_transfers_across_an_elementwise_epilogue(mlp_tasks, wide_tasks, llvm_target):
+    """matmul+add+relu's schedule on a matmul+add of other extents: MetaSchedule inlined the
+    add into the relu, so the sketches differ only in that inlining."""
+    (relu,) = [t for t in mlp_tasks if t.kernel_class == "matmul+add+relu"]
+    (plain,) = [t for t in wide_tasks if t.kernel_class == "matmul+add"]
+    origin = Schedule("src", "t", relu.kernel_class, "w", relu.name,
+                      _measured_trace(relu, llvm_target), relu.mod, 1.0)  # fmt: skip
+    candidate = transfer_schedule(DesignSpace.of(plain, llvm_target), origin)
+    assert candidate.status == ADAPTED, candidate.reason
+    assert candidate.changed[0] == "epilogue of matmul+add+relu"
+    _assert_same_results(candidate.schedule.mod, plain.mod, llvm_target)
+
+
+def test_schedules_of_the_nearest_shape_are_tried_first(mlp_tasks, wide_tasks, llvm_target):
+    (task,) = [t for t in mlp_tasks if t.kernel_class == "matmul+add"]
+    (wide,) = [t for t in wide_tasks if t.kernel_class == "matmul+add"]
+    space = DesignSpace.of(task, llvm_target)
+    own = Schedule("src", "t", task.kernel_class, "own", task.name,
+                   _measured_trace(task, llvm_target), task.mod, 9.0)  # fmt: skip
+    far = Schedule("src", "t", wide.kernel_class, "far", wide.name,
+                   _measured_trace(wide, llvm_target), wide.mod, 1.0)  # fmt: skip
+    sketch = space.sketches[0]
+    assert shape_distance(sketch, own.trace) == 0.0
+    assert shape_distance(sketch, far.trace) > 0.0
+    # The faster source schedule comes second: it was tuned for other extents.
+    assert [s.workload for s in nearest_first(space, [far, own])] == ["own", "far"]
+
+
 def test_a_transferred_program_is_known_once_measured(mlp_tasks, wide_tasks, llvm_target, tmp_path):
     """What a resumed transfer relies on to measure nothing twice: the program committed to
     the database reads back as the same (workload, trace text)."""
@@ -235,9 +306,11 @@ def test_a_transferred_program_is_known_once_measured(mlp_tasks, wide_tasks, llv
     from gradtune.transfer.run import Transfer, measured_programs, workload_key
     from gradtune.tune import run_database
 
-    _record_database(tmp_path / "source", mlp_tasks, [llvm_target])
-    (source,) = load_library(str(tmp_path / "source")).sources
     task = wide_tasks[0]
+    # A source of the task's class alone: its one schedule is all there is to transfer.
+    same = [t for t in mlp_tasks if t.kernel_class == task.kernel_class]
+    _record_database(tmp_path / "source", same, [llvm_target])
+    (source,) = load_library(str(tmp_path / "source")).sources
     (origin,) = source.matching(task)
     candidate = transfer_schedule(DesignSpace.of(task, llvm_target), origin)
     (tmp_path / "run").mkdir()

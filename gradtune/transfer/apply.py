@@ -6,7 +6,10 @@ postprocessors'; the target task's design space (MetaSchedule's post-order-apply
 rules that made the source's) holds a sketch with the same instructions whenever the kernel
 class is the same, shapes aside. That sketch is found by its instruction text without
 decisions, postprocessors and dead code (``shape_free_text``), and the source's decisions are
-put into it:
+put into it. A source of the same anchor operator with another elementwise epilogue (the
+library's transfer class, ``library.transfer_class``) has a sketch that differs only in the
+blocks MetaSchedule inlines away; that sketch is found by ``structure_text``, and the candidate
+counts as adapted:
 
 - ``SamplePerfectTile``: kept when the factors still tile the new extent exactly
   (**applied**); otherwise the nearest perfect tiling of the new extent (**adapted**):
@@ -158,19 +161,62 @@ def shape_free_text(trace: Any) -> str:
     return trace_signature(simple, len(simple.insts))
 
 
+_INLINES = frozenset({"ComputeInline", "ReverseComputeInline"})
+_HANDLES = frozenset({"SBlockRV", "LoopRV", "Var"})  # random variables, not constants
+
+
+def structure_text(trace: Any) -> str:
+    """``shape_free_text`` without the inlined blocks: equal for two kernels whose anchor is
+    scheduled alike and whose elementwise epilogues differ. MetaSchedule's AutoInline folds an
+    epilogue (``add+relu``, or BatchNorm's ``subtract+divide+multiply+add+relu``) into one
+    consumer block, so such sketches differ only in the lookups and inlinings of the blocks
+    folded away; their sampling instructions, and the loops they tile, are the same."""
+    simple = trace.simplified(remove_postproc=True)
+    inlined = [inst.inputs[0] for inst in simple.insts if inst.kind.name in _INLINES]
+    defined: list[Any] = []  # random variables in order of definition: their names here
+
+    def name(x: Any) -> str:
+        if type(x).__name__ not in _HANDLES:
+            return str(x)
+        return f"v{next((i for i, d in enumerate(defined) if d.same_as(x)), -1)}"
+
+    lines = []
+    for inst in simple.insts:
+        kind = inst.kind.name
+        if kind in _INLINES:
+            continue
+        if kind == "GetSBlock" and any(inst.outputs[0].same_as(b) for b in inlined):
+            continue
+        # Which loop or block an instruction acts on tells sketches apart (a consumer
+        # computed at one tiling level or another), so variables are named by definition.
+        lines.append(f"{kind} {[str(a) for a in inst.attrs]} {[name(x) for x in inst.inputs]}")
+        defined += list(inst.outputs)
+    return "\n".join(lines)
+
+
+def _matching_sketches(space: DesignSpace, origin: Schedule) -> list[tuple[Any, list[str]]]:
+    """The task's sketches with the origin's instructions: exactly, else up to the inlined
+    epilogue (noted, so the candidate counts as adapted)."""
+    wanted = shape_free_text(origin.trace)
+    exact = [(s, []) for s in space.sketches if shape_free_text(s) == wanted]
+    if exact:
+        return exact
+    structure = structure_text(origin.trace)
+    note = f"epilogue of {origin.kernel_class}"
+    return [(s, [note]) for s in space.sketches if structure_text(s) == structure]
+
+
 def transfer_schedule(space: DesignSpace, origin: Schedule) -> Candidate:
-    """``origin`` (a schedule of another workload of the task's class) on the task."""
+    """``origin`` (a schedule of another workload of the task's transfer class) on the task."""
     matched = False
     reasons = []
-    wanted = shape_free_text(origin.trace)
-    for sketch in space.sketches:
-        if shape_free_text(sketch) != wanted:
-            continue
+    for sketch, epilogue in _matching_sketches(space, origin):
         adapted = adapt_decisions(sketch, origin.trace)
         if adapted is None:
             continue
         matched = True
         decisions, locations, changed = adapted
+        changed = [*epilogue, *changed]
         # The source's compute locations first; the loop it names may not exist here.
         attempts = [({**decisions, **locations}, changed)]
         if locations:
@@ -191,15 +237,41 @@ def transfer_schedule(space: DesignSpace, origin: Schedule) -> Candidate:
     return Candidate(origin, FAILED, reason="; ".join(dict.fromkeys(reasons)))
 
 
+def shape_distance(sketch: Any, source_trace: Any) -> float:
+    """How far the loops the source tiled are from the sketch's: the sum over tiled loops of
+    the squared log2 ratio of their extents (0 for the same shape), the source's extent being
+    the product of its tile factors."""
+    theirs = sampling_insts_of(source_trace)
+    total = 0.0
+    for var in SketchVariables.from_trace(sketch).tiles:
+        value = source_trace.decisions.get(theirs[var.index]) if var.index < len(theirs) else None
+        if value is not None:
+            extent = max(1, math.prod(int(v) for v in value))
+            total += (math.log2(var.extent) - math.log2(extent)) ** 2
+    return total
+
+
+def nearest_first(space: DesignSpace, schedules: list[Schedule]) -> list[Schedule]:
+    """``schedules`` by the shape distance of their nearest matching sketch (those matching
+    none last): a schedule tuned for extents like the task's needs the fewest adaptations.
+    The sort is stable, so at equal distance the given order (exact class first) holds."""
+
+    def distance(origin: Schedule) -> float:
+        found = [shape_distance(sk, origin.trace) for sk, _ in _matching_sketches(space, origin)]
+        return min(found, default=math.inf)
+
+    return sorted(schedules, key=distance)
+
+
 def candidates_for(
     task: TuningTask, space: DesignSpace, schedules: list[Schedule], limit: int
 ) -> list[Candidate]:
-    """Up to ``limit`` distinct programs for ``task`` from ``schedules`` (the source's fastest
-    first), and every failed attempt on the way."""
+    """Up to ``limit`` distinct programs for ``task`` from ``schedules``, nearest in shape
+    first (``nearest_first``), and every failed attempt on the way."""
     out: list[Candidate] = []
     seen: set[str] = set()
     ok = 0
-    for origin in schedules:
+    for origin in nearest_first(space, schedules):
         if ok >= limit:
             break
         candidate = transfer_schedule(space, origin)

@@ -13,6 +13,16 @@ as ``partition.kernel_class`` names it) and workload (structural hash). A databa
 before the partition table existed has its classes read from its blocks' names instead
 (``partition.module_kernel_class``), prefixed ``blocks:``; ``classes_of`` gives a task both.
 
+A schedule transfers within its **transfer class**: the anchor operator's family (conv2d,
+matmul, softmax, ...: ``partition.operator_family``) for a compute kernel, the kernel class
+itself for the rest (pooling, concatenation, resizing). The paper's classes are whole fused
+sequences because Ansor's sketches differ with them; MetaSchedule inlines an elementwise
+epilogue into one block, so ``conv2d+add+relu`` and BatchNorm's
+``conv2d+subtract+divide+multiply+add+relu`` have sketches with the same sampling instructions
+on the same loops (``apply.structure_text``). Of five CNNs tuned on one CPU, no exact
+convolution class was shared by more than 3 of them; the conv2d family is in all 5. Which of a
+class's schedules are tried first is the nearest in shape (``apply.nearest_first``).
+
 A source database that is corrupt or truncated beyond repair is skipped and counted, never
 fatal: it is read from a copy repaired as a resumed run's would be, so the source is untouched.
 """
@@ -32,7 +42,7 @@ from typing import Any
 
 from ..errors import GradtuneError
 from ..measure.latency import median_seconds
-from ..partition import TuningTask, module_kernel_class
+from ..partition import OTHER_FAMILY, TuningTask, module_kernel_class, operator_family
 from ..redact import redact_uri
 
 log = logging.getLogger(__name__)
@@ -98,6 +108,13 @@ def classes_of(task: TuningTask) -> set[str]:
     return {task.kernel_class, BLOCKS + module_kernel_class(task.mod)}
 
 
+def transfer_class(kernel_class: str) -> str:
+    """What a schedule of ``kernel_class`` may transfer to: its operator family, or the class
+    itself for a kernel of no compute family (module docstring)."""
+    family = operator_family(kernel_class.removeprefix(BLOCKS))
+    return kernel_class if family == OTHER_FAMILY else family
+
+
 @dataclass
 class Schedule:
     """One source's fastest measured schedule of one workload."""
@@ -127,9 +144,17 @@ class Source:
         return dict(out)
 
     def matching(self, task: TuningTask) -> list[Schedule]:
-        """The schedules of the task's kernel class, the source's fastest first."""
+        """The schedules of the task's kernel class, then those of the rest of its transfer
+        class; each the source's fastest first."""
         keys = classes_of(task)
-        return sorted((s for s in self.schedules if s.kernel_class in keys), key=lambda s: s.us)
+        kin = {transfer_class(k) for k in keys}
+        exact = [s for s in self.schedules if s.kernel_class in keys]
+        rest = [
+            s
+            for s in self.schedules
+            if s.kernel_class not in keys and transfer_class(s.kernel_class) in kin
+        ]
+        return sorted(exact, key=lambda s: s.us) + sorted(rest, key=lambda s: s.us)
 
 
 @dataclass

@@ -5,7 +5,9 @@ c, and W_T,c the kernels of class c that a candidate source T has a schedule for
 maximizing Σ_c P_c² · √|W_T,c|. Squaring P_c favours the classes that dominate M's time; the
 square root keeps a source with very many schedules from winning on numbers alone (§4.4).
 The paper found it a reasonable, not an optimal, choice; the ranking is printed so that a user
-can pick another source with ``--from``.
+can pick another source with ``--from``. Here c ranges over transfer classes
+(``library.transfer_class``: a compute kernel's operator family), the classes a schedule can
+be applied within.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import math
 from dataclasses import dataclass
 
 from ..partition import TuningTask
-from .library import Source, classes_of
+from .library import Source, classes_of, transfer_class
 
 
 def eq1_score(shares: dict[str, float], counts: dict[str, int]) -> float:
@@ -24,7 +26,7 @@ def eq1_score(shares: dict[str, float], counts: dict[str, int]) -> float:
 
 
 def class_shares(tasks: list[TuningTask]) -> dict[str, float]:
-    """P_c: each kernel class's share of the model's untuned kernel time (weight × untuned µs
+    """P_c: each transfer class's share of the model's untuned kernel time (weight × untuned µs
     per call, as the partition table measures it). Without untuned timings (a target with no
     device here), shares of FLOPs stand in, and failing those, of calls."""
     for cost in (
@@ -37,19 +39,22 @@ def class_shares(tasks: list[TuningTask]) -> dict[str, float]:
             total = sum(values)
             shares: dict[str, float] = {}
             for t, v in zip(tasks, values, strict=True):
-                shares[t.kernel_class] = shares.get(t.kernel_class, 0.0) + v / total
+                c = transfer_class(t.kernel_class)
+                shares[c] = shares.get(c, 0.0) + v / total
             return shares
     return {}
 
 
 def class_counts(tasks: list[TuningTask], source: Source) -> dict[str, int]:
-    """|W_T,c| for each of the target's classes c: the distinct source workloads with a
-    schedule filed under c (or under the block-name class of one of c's tasks)."""
+    """|W_T,c| for each of the target's transfer classes c: the distinct source workloads with
+    a schedule of c (by the kernel class, or block-name class, it is filed under)."""
     keys: dict[str, set[str]] = {}
     for t in tasks:
-        keys.setdefault(t.kernel_class, set()).update(classes_of(t))
+        keys.setdefault(transfer_class(t.kernel_class), set()).update(
+            transfer_class(k) for k in classes_of(t)
+        )
     return {
-        c: len({s.workload for s in source.schedules if s.kernel_class in wanted})
+        c: len({s.workload for s in source.schedules if transfer_class(s.kernel_class) in wanted})
         for c, wanted in keys.items()
     }
 

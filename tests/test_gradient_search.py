@@ -440,6 +440,56 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     search.post_tuning()
 
 
+def test_random_warmup_holds_when_the_database_already_has_programs_of_the_task(
+    llvm_target, small_cnn_conv
+):
+    """A warm start (or a resumed run) puts programs of the task in the database before its
+    first batch. The descent seeds from them; the explore share is still random draws, not
+    an evolution that XGBoost could only score at random."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, build_at_first_batch=False)
+    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    database = ms.database.MemoryDatabase()
+    spaces = context.generate_design_space()
+    workload = database.commit_workload(small_cnn_conv.mod)
+    for i, space in enumerate(spaces):
+        sch = tvm.s_tir.Schedule(small_cnn_conv.mod)
+        space.trace.apply_to_schedule(sch, remove_postproc=False)
+        args = ms.arg_info.ArgInfo.from_prim_func(small_cnn_conv.mod["main"])
+        record = ms.database.TuningRecord(sch.trace, workload, [1e-3 * (i + 1)], llvm_target, args)
+        database.commit_tuning_record(record)
+    search.pre_tuning(64, 8, spaces, database, ms.cost_model.XGBModel())
+    assert search.history, "the database's programs were read as measured"
+    generated = []
+
+    class Spy:
+        def __init__(self, inner):
+            self.inner = inner
+
+        def generate_measure_candidates(self):
+            generated.append(1)
+            return self.inner.generate_measure_candidates()
+
+        def notify_runner_results(self, candidates, results):
+            self.inner.notify_runner_results(candidates, results)
+
+        def post_tuning(self):
+            self.inner.post_tuning()
+
+    search.explorer = Spy(search.explorer)
+    candidates = search.generate_measure_candidates()
+    search.notify_runner_results(
+        candidates, [ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None) for _ in candidates]
+    )
+    first = session.take(small_cnn_conv.name)
+    assert first.sampled and not generated
+    search.post_tuning()
+
+
 def test_ranked_warmup_keeps_the_best_ranked_random_programs_once_the_ranker_is_trained(
     llvm_target, small_cnn_conv
 ):

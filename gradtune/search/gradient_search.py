@@ -104,17 +104,22 @@ class GradientConfig(NamedTuple):
         On mbconv_se's four largest tasks an explorer round took 13.0 s at 512 and 3.9 s at
         128, the descent beside it 1.8 s: at 512 the explorer is most of the search's time.
     explorer_in_warmup : bool, default True
-        Whether the explorer fills its share of a task's first batch when the database holds
-        nothing of the task (``random_warmup``, when on, takes that share first). Its
-        population then has no measured program to start from, and MetaSchedule's XGBoost
+        Whether the explorer fills its share of a task's first batch of the run
+        (``random_warmup``, when on, takes that share first). Its population then has at most
+        the database's programs to start from, and MetaSchedule's XGBoost
         scores at random until it has been trained on 100 programs (``num_warmup_samples``),
         which the first tasks' first batches do not give it. Off, that batch's explore share
         is ``explore``, drawn at random from the descent's candidates, and the pretrained
         model picks the rest.
     random_warmup : bool, default True
-        Fill the explorer's share of a fresh task's first batch (nothing of the task in the
-        database) with programs of its design space whose every decision is drawn at random
-        (MetaSchedule's ``ReplayTrace``), instead of by the explorer's evolution. That
+        Fill the explorer's share of each task's first batch of the run with programs of its
+        design space whose every decision is drawn at random (MetaSchedule's ``ReplayTrace``),
+        instead of by the explorer's evolution; also when the database already holds programs
+        of the task (a warm start's transferred schedules, a resumed run's), which the descent
+        seeds from and the pretrained model fine-tunes on anyway. Evolving from them cost
+        warm-started runs of the transfer benchmark 15–77 s per first batch (mbconv_se, Emerald
+        Rapids): 321 trials in 480 s against cold tuning's 490, and a worse final estimate
+        (348 against 265 µs), where cold tuning's first batches took ~3 s to choose. That
         evolution starts from random programs too and, until MetaSchedule's XGBoost has seen
         100 programs, scores them at random; yet it costs up to ~40 s a round on a
         convolution. With the explorer in the warm-up (every task's first batch), mbconv_se's
@@ -129,7 +134,7 @@ class GradientConfig(NamedTuple):
     ranked_warmup : int, default 256
         With ``random_warmup``: once the run has measured ``RANKER_TRAINED_AT`` programs (what
         MetaSchedule's XGBoost needs before it stops scoring at random), draw this many random
-        programs for a fresh task's first batch and keep the explore share's worth the task
+        programs for a task's first batch and keep the explore share's worth the task
         scheduler's cost model ranks best, rather than the first ones drawn. Ranking costs one
         draw and one prediction, not an evolution. 0 draws just the share. Why: on the search
         benchmark's bert_block, the explorer's evolved first batches of the tasks searched
@@ -427,12 +432,12 @@ class GradientSearch(ReportingStrategy):
         self._dropped_members = 0
         if self.config.needs_ensemble:
             self._calibrate()
-        fresh = self.batches == 0 and not self.history
-        self._sampled = self.explorer is not None and self.config.random_warmup and fresh
+        first = self.batches == 0
+        self._sampled = self.explorer is not None and self.config.random_warmup and first
         eligible = (
             self.explorer is not None
             and not self._sampled
-            and (self.config.explorer_in_warmup or not fresh)
+            and (self.config.explorer_in_warmup or not first)
         )
         self._exploring = self._sampled or (
             eligible and self._since_explored + 1 >= self.config.explorer_every
@@ -469,7 +474,7 @@ class GradientSearch(ReportingStrategy):
 
     def _evolved_share(self) -> float:
         """The explorer's share of a batch it fills: ``evolved``, or with ``split_by_wins`` how
-        often its programs have beaten the descent's in this run so far (a fresh task's
+        often its programs have beaten the descent's in this run so far (a task's
         random first batch keeps ``evolved``: those draws are not the explorer's)."""
         cfg = self.config
         pairs = self.session.explorer_pairs

@@ -50,7 +50,7 @@ class SearchRound:
         (``GradientConfig.evolutionary_explore``), not by the descent.
     sampled : bool, default False
         Whether the explorer's share of this batch was drawn at random from the design space
-        (``GradientConfig.random_warmup``, a fresh task's first batch) instead of evolved.
+        (``GradientConfig.random_warmup``, a task's first batch of the run) instead of evolved.
     ranked : bool, default False
         Whether those random programs were the best of more draws as the task scheduler's cost
         model ranks them (``GradientConfig.ranked_warmup``).

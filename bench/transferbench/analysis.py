@@ -104,6 +104,11 @@ def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
             for rid, r in sorted(results.items())
         },  # fmt: skip
         "repeats": {kind: len(runs(kind)) for kind in (FULL, WARM)},
+        # The code each kind of run was made by (an adopted full run: the search benchmark's).
+        "commits": {
+            kind: sorted({r.get("commit", "?") for r in runs(kind)})
+            for kind in (UNTUNED, FULL, TRANSFER, WARM)
+        },
     }
 
 

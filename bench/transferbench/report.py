@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,32 @@ def _fmt(value: float | None, spec: str = ".2f", suffix: str = "") -> str:
     return "–" if value is None else f"{value:{spec}}{suffix}"
 
 
-def text(data: dict[str, Any]) -> str:
+def commits_line(data: dict[str, Any]) -> str:
+    """Which commits made which kind of run, over every model (runs may span commits)."""
+    kinds: dict[str, set[str]] = {}
+    for m in data["models"].values():
+        for kind, commits in m.get("commits", {}).items():
+            kinds.setdefault(kind, set()).update(commits)
+    parts = [f"{kind} {', '.join(sorted(c))}" for kind, c in kinds.items() if c]
+    return "Runs made at: " + ("; ".join(parts) if parts else "–") + "."
+
+
+def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
+    repeats = sorted({n for m in data["models"].values() for n in m["repeats"].values()})
     lines = [
         "# Transfer-tuning benchmark" + (" (PARTIAL)" if data["partial"] else ""),
         "",
         f"Budget B = {data['budget_s']:g} s per tuning run; runs finished "
-        f"{data['runs']['finished']} of {data['runs']['planned']}; rendered at {git_commit()}.",
+        f"{data['runs']['finished']} of {data['runs']['planned']}; full and warm runs per "
+        f"model: {'/'.join(map(str, repeats)) or '–'}; rendered at {git_commit()}.",
+        commits_line(data),
+    ]
+    if host is not None:
+        lines.append(
+            f"CPU {host['cpu']} ({host['logical_cores']} logical cores); target "
+            f"`{json.dumps(host['target'])}`."
+        )
+    lines += [
         "",
         "| model | untuned ms | full ms | transfer ms | warm ms | share of full speedup "
         "| full / transfer time | cold / warm time to cold's final | source (Eq. 1) |",
@@ -44,8 +65,9 @@ def text(data: dict[str, Any]) -> str:
 
 def write(data: dict[str, Any], out: Path, stem: str, target: dict | None) -> str:
     """Write ``out/stem.md`` and ``out/stem.json``; returns the Markdown."""
-    body = text(data)
+    host = machine(target)
+    body = text(data, host)
     out.mkdir(parents=True, exist_ok=True)
     (out / f"{stem}.md").write_text(body + "\n")
-    write_json(out / f"{stem}.json", data | {"machine": machine(target)})
+    write_json(out / f"{stem}.json", data | {"machine": host})
     return body

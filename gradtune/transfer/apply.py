@@ -52,6 +52,16 @@ class DesignSpace:
     mod: Any
     sketches: list[Any]  # traces
     postprocs: list[Any]
+    # Each sketch's texts, computed once: every source schedule is compared with all of them,
+    # once to order the candidates and once to apply them.
+    _texts: dict[str, list[str]] = field(default_factory=dict, repr=False, compare=False)
+
+    def texts(self, kind: str) -> list[str]:
+        """``shape_free_text`` (``kind`` "exact") or ``structure_text`` of every sketch."""
+        if kind not in self._texts:
+            text = shape_free_text if kind == "exact" else structure_text
+            self._texts[kind] = [text(sketch) for sketch in self.sketches]
+        return self._texts[kind]
 
     @classmethod
     def of(cls, task: TuningTask, target: Any) -> DesignSpace:
@@ -198,12 +208,14 @@ def _matching_sketches(space: DesignSpace, origin: Schedule) -> list[tuple[Any, 
     """The task's sketches with the origin's instructions: exactly, else up to the inlined
     epilogue (noted, so the candidate counts as adapted)."""
     wanted = shape_free_text(origin.trace)
-    exact = [(s, []) for s in space.sketches if shape_free_text(s) == wanted]
+    texts = zip(space.sketches, space.texts("exact"), strict=True)
+    exact = [(s, []) for s, t in texts if t == wanted]
     if exact:
         return exact
     structure = structure_text(origin.trace)
     note = f"epilogue of {origin.kernel_class}"
-    return [(s, [note]) for s in space.sketches if structure_text(s) == structure]
+    pairs = zip(space.sketches, space.texts("structure"), strict=True)
+    return [(s, [note]) for s, t in pairs if t == structure]
 
 
 def transfer_schedule(space: DesignSpace, origin: Schedule) -> Candidate:

@@ -382,6 +382,24 @@ def test_split_by_wins_gives_the_explorer_the_share_of_pairs_its_programs_won(
     assert rounds[2].explore_share == pytest.approx(max(0.25, expected))
 
 
+class _ExplorerSpy:
+    """The real explorer, with a record of what the search asked of it."""
+
+    def __init__(self, inner):
+        self.inner, self.calls = inner, []
+
+    def generate_measure_candidates(self):
+        self.calls.append("generate")
+        return self.inner.generate_measure_candidates()
+
+    def notify_runner_results(self, candidates, results):
+        self.calls.append("notify")
+        self.inner.notify_runner_results(candidates, results)
+
+    def post_tuning(self):
+        self.inner.post_tuning()
+
+
 def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     llvm_target, small_cnn_conv
 ):
@@ -393,28 +411,11 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     from gradtune.search.gradient_search import GradientConfig
     from gradtune.symbolic.sketch import decision_key
 
-    class Spy:
-        """The real explorer, with a record of what the search asked of it."""
-
-        def __init__(self, inner):
-            self.inner, self.calls = inner, []
-
-        def generate_measure_candidates(self):
-            self.calls.append("generate")
-            return self.inner.generate_measure_candidates()
-
-        def notify_runner_results(self, candidates, results):
-            self.calls.append("notify")
-            self.inner.notify_runner_results(candidates, results)
-
-        def post_tuning(self):
-            self.inner.post_tuning()
-
     config = GradientConfig(seeds=4, steps=4, explorer_population=64, build_at_first_batch=False)
     search, session, context = _search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
-    search.explorer = spy = Spy(search.explorer)
+    search.explorer = spy = _ExplorerSpy(search.explorer)
     rounds, handed = [], []
     for _ in range(2):
         candidates = search.generate_measure_candidates()
@@ -464,29 +465,13 @@ def test_random_warmup_holds_when_the_database_already_has_programs_of_the_task(
         database.commit_tuning_record(record)
     search.pre_tuning(64, 8, spaces, database, ms.cost_model.XGBModel())
     assert search.history, "the database's programs were read as measured"
-    generated = []
-
-    class Spy:
-        def __init__(self, inner):
-            self.inner = inner
-
-        def generate_measure_candidates(self):
-            generated.append(1)
-            return self.inner.generate_measure_candidates()
-
-        def notify_runner_results(self, candidates, results):
-            self.inner.notify_runner_results(candidates, results)
-
-        def post_tuning(self):
-            self.inner.post_tuning()
-
-    search.explorer = Spy(search.explorer)
+    search.explorer = spy = _ExplorerSpy(search.explorer)
     candidates = search.generate_measure_candidates()
     search.notify_runner_results(
         candidates, [ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None) for _ in candidates]
     )
     first = session.take(small_cnn_conv.name)
-    assert first.sampled and not generated
+    assert first.sampled and "generate" not in spy.calls
     search.post_tuning()
 
 

@@ -209,7 +209,7 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
     from gradtune import compilation
     from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.partition import Lowering, extract, measure_untuned, prepare
-    from gradtune.tune import best_from_database, run_database, tune
+    from gradtune.tune import best_from_database, compile_database, run_database, tune
 
     commit = git_commit()  # the code that runs, whatever is committed while it does
     config, target = api.host_target()
@@ -229,7 +229,7 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
     seconds = time.perf_counter() - start
     database = run_database(out / "db")
     best = best_from_database(database, chosen)
-    executable = compilation.build(fused, target, database)
+    executable = compilation.build(fused, target, compile_database(out / "db"))
     runner = compilation.Runner(executable, target, imported.inputs)
     error = compilation.verify(runner.outputs(), imported.reference_outputs, f"{model} {variant}")
     compilation.export(executable, out / "model.so")

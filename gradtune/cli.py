@@ -188,6 +188,14 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         help="time candidates fixed (3 × 3 runs, ≥ 20 ms each) or adaptively (until stable)",
     )
     parser.add_argument(
+        "--confirm",
+        type=int,
+        default=4,
+        metavar="K",
+        help="after the search, time each task's K fastest programs and its default again, "
+        "quietly, and ship the fastest (10%% of --time-budget; 0: ship the recorded best)",
+    )
+    parser.add_argument(
         "--fast-math",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -665,6 +673,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         rpc_servers=args.rpc_servers,
         seed=args.seed,
         measure=args.measure,
+        confirm=args.confirm,
         library=args.library if transfer else args.warm_start,
         library_from=getattr(args, "from") if transfer else "auto",
         transfer_only=transfer,

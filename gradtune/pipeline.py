@@ -143,6 +143,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             search=None if job.transfer_only else job.search,
             warm_start=transfer,
             measure=MeasureSettings(mode=job.measure),
+            confirm_top_k=job.confirm,
             seed=job.seed,
             on_start=on_start,
             on_round=on_round,
@@ -157,6 +158,13 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             f"adapted, {stats.failed} failed; {stats.measured} measured in "
             f"{stats.seconds:.1f} s; faster than the default: {len(stats.transferred_tasks)} "
             f"of {len(tasks)} tasks"
+        )
+    if result.confirmation is not None and result.confirmation.tasks:
+        c = result.confirmation
+        console.print(
+            f"[bold]confirmed[/]: {len(c.tasks)} tasks' {job.confirm} fastest programs and"
+            f" defaults timed again quietly in {c.seconds:.1f} s; {c.changed} ship another"
+            " program than the recorded best"
         )
     if result.resumed_trials:
         console.print(f"resumed: {result.resumed_trials} trials already in the database were kept")
@@ -206,11 +214,11 @@ def compile_stage(
     of raising: a retune keeps such a challenger as a version that says why it was rejected.
     ``with_peers=False`` times only untuned, tuned and the reference (a retune compares with
     its champion, not with the peers)."""
-    from .tune import run_database
+    from .tune import compile_database
 
     target = make_target(target_config)
     untuned_exec = compilation.build(fused, target)
-    tuned_exec = compilation.build(fused, target, run_database(job.out_dir))
+    tuned_exec = compilation.build(fused, target, compile_database(job.out_dir))
     untuned = compilation.Runner(untuned_exec, target, model.inputs)
     tuned = compilation.Runner(tuned_exec, target, model.inputs)
     tolerance = {"rtol": rtol, "atol_scale": atol_scale}
@@ -326,6 +334,8 @@ def run_summary(
         },
         "roofline": roofline.summarize(tasks, tuned.best_us, compiled.peak, compiled.ort_op_us),
         **transfer_summary(job, tuned),
+        # The quiet re-timing of each task's few best before compiling (measure.confirm).
+        **(tuned.confirmation.summary() if tuned.confirmation is not None else {}),
     }
 
 
@@ -429,7 +439,9 @@ def report_and_register_stage(
         round_metrics=rounds,
         final_metrics={**finals, "trials": float(tuned.trials)},
         lib=compiled.lib_path.resolve().relative_to(out).as_posix(),
-        database_files=[p.name for p in sorted(out.glob("database_*.json"))],
+        database_files=[
+            p.name for p in sorted([*out.glob("database_*.json"), *out.glob("confirmed*.json")])
+        ],
         report_files=[p.resolve().relative_to(out).as_posix() for p in files],
         io=registry.io_description(
             model.input_names, model.inputs, "cuda" if is_gpu(job.target) else "cpu"

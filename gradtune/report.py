@@ -156,6 +156,19 @@ def plot_progress(rounds: list[RoundLog], untuned_us: float, path: Path, title: 
     return path
 
 
+def confirm_lines(summary: dict[str, Any]) -> list[str]:
+    """What the confirmation did, when it ran: the tuned column is then its quiet timing."""
+    if "confirmed_tasks" not in summary:
+        return []
+    return [
+        "",
+        f"Before compiling, the few fastest records of {summary['confirmed_tasks']} tasks and"
+        f" their defaults were timed again, quietly ({summary['confirm_seconds']:.0f} s); the"
+        " quietly fastest ships, another program than the search's recorded best in"
+        f" {summary['confirmed_changed']} (`confirmed.json`). 'tuned µs' is that quiet timing.",
+    ]
+
+
 def write_report(
     out_dir: Path,
     summary: dict[str, Any],
@@ -195,6 +208,7 @@ def write_report(
         "",
         "Each task's default schedule is measured like every candidate; where none beat it, the"
         " default is compiled in (marked 'default kept').",
+        *confirm_lines(summary),
         "",
         *table,
         "",

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ from .errors import GradtuneError
 from .measure.adaptive import MeasureCost, TaskBests, prim_func_signature
 from .measure.baseline import kept_defaults, measure_defaults
 from .measure.builder import make_builder
+from .measure.confirm import Confirmation, confirm, confirmed_database
 from .measure.latency import median_seconds, result_seconds
 from .measure.rpc_fleet import Tracker
 from .measure.rpc_session import DeviceWatch
@@ -37,7 +39,7 @@ from .partition import TuningTask
 from .search import SEARCH_STRATEGIES, make_strategy
 from .search.scheduler import GradientTaskScheduler
 from .search.session import ReportingStrategy, RoundLog, RunSummary, Session
-from .stop import defer_signals
+from .stop import StopSignal, defer_signals
 from .tune_logs import task_loggers
 from .tvm_compat import register_tensor_intrinsics
 
@@ -58,6 +60,7 @@ class TuneResult:
     default_kept: list[str] = field(default_factory=list)  # tasks no searched program beat
     measure_cost: MeasureCost = field(default_factory=MeasureCost)  # device time spent timing
     transfer: Any = None  # transfer.run.TransferStats of a transfer or warm start
+    confirmation: Confirmation | None = None  # the quiet re-timing of each task's few best
 
 
 def run_database(work_dir: Path):
@@ -74,6 +77,13 @@ def run_database(work_dir: Path):
         allow_missing=True,
         module_equality="structural",
     )
+
+
+def compile_database(work_dir: Path):
+    """The database a tuning run in ``work_dir`` compiles with: its confirmed winners
+    (``measure.confirm``) when they confirm the database as it stands, else the database."""
+    database = run_database(work_dir)
+    return confirmed_database(work_dir, len(database)) or database
 
 
 def best_from_database(database, tasks: list[TuningTask]) -> dict[str, float]:
@@ -244,6 +254,8 @@ def tune(
     tracking_uri: str | None = None,
     warm_start: Callable[[Any, Any, Any, int], int] | None = None,
     cost_model: str | Any = "xgb",
+    confirm_top_k: int = 4,
+    confirm_share: float = 0.1,
 ) -> TuneResult:
     """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
 
@@ -263,12 +275,22 @@ def tune(
     (``OnlineCostModel.ensemble()``) is an ablation of ``bench/adatune_ablation.py``. It must
     not be the gradient search's own cost model object, which would then learn every batch
     twice.
+
+    ``confirm_top_k``: after the search, each task's that many fastest records (and its default
+    schedule) are timed again, quietly and in rotation, and the fastest ships
+    (``measure.confirm``; 0: the recorded best ships). With a ``time_budget`` the search stops
+    at ``1 - confirm_share`` of it, leaving the rest to the confirmation.
     """
     import psutil
     from tvm.s_tir import meta_schedule as ms
 
     if max_trials <= 0:
         raise GradtuneError(f"trial budget must be positive, got {max_trials}")
+    if confirm_top_k < 0 or not 0 <= confirm_share < 1:
+        raise GradtuneError(
+            f"confirmation needs top_k >= 0 and a share in [0, 1), not {confirm_top_k} and "
+            f"{confirm_share}"
+        )
     if search is None and warm_start is None:
         raise GradtuneError("no search and nothing to transfer: nothing to tune")
     if isinstance(search, str) and search not in SEARCH_STRATEGIES:
@@ -327,13 +349,21 @@ def tune(
         for i, task in enumerate(tasks)
     ] if strategy is not None else []  # fmt: skip
     start = time.perf_counter()
-    if time_budget is not None:
-        session.deadline = start + time_budget
+    # The search's share of the budget; the confirmation has the rest.
+    search_budget = time_budget
+    if time_budget is not None and confirm_top_k > 0:
+        search_budget = time_budget * (1 - confirm_share)
+    if search_budget is not None:
+        session.deadline = start + search_budget
+    # The task scheduler keeps the deadline between batches; a generation under way
+    # (MetaSchedule's evolution: tens of seconds on a large task) learns of it from the stop.
+    timer = threading.Timer(search_budget or 0, session.stop.set)
+    timer.daemon = True
     devices = DeviceWatch(session.stop)
     scheduler = GradientTaskScheduler(seed=seed, deadline=session.deadline)
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
-        _make_progress_callback(tasks, best_us, result, start, time_budget, on_round, session),
+        _make_progress_callback(tasks, best_us, result, start, search_budget, on_round, session),
         devices,
         scheduler.feedback(),
     ]
@@ -344,6 +374,8 @@ def tune(
         tracker, measure or MeasureSettings(), max_workers=num_rpc_workers, task_best=task_best
     )
     try:
+        if search_budget is not None:
+            timer.start()
         with defer_signals(session.stop):
             # Measured like every candidate, each task's default schedule is what the search
             # must beat; the database then never hands the compiler a slower program.
@@ -376,13 +408,28 @@ def tune(
                     task_scheduler=scheduler,
                 )
                 result.stopped_by_time_budget |= scheduler.out_of_time
+                if search_budget is not None:  # the timer may have stopped it
+                    result.stopped_by_time_budget |= time.perf_counter() - start >= search_budget
+        if confirm_top_k > 0:
+            # A signal during the search has been handed on above; one now ends the
+            # confirmation between tasks, the recorded bests standing for the rest.
+            quiet = StopSignal()
+            with defer_signals(quiet):
+                result.confirmation = confirm(
+                    tasks, target, database, builder, runner, work_dir, top_k=confirm_top_k,
+                    deadline=None if time_budget is None else start + time_budget, stop=quiet,
+                )  # fmt: skip
     finally:
+        timer.cancel()
         runner.pool.shutdown()
         builder.shutdown()
     devices.raise_if_lost()
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary
-    result.default_kept = kept_defaults(database, tasks)
+    result.default_kept = kept_defaults(compile_database(work_dir), tasks)
+    if result.confirmation is not None:
+        for task in result.confirmation.tasks:  # what ships, as timed quietly
+            best_us[task.task] = task.quiet_us[task.winner]
     result.measure_cost = cost = runner.cost()
     if cost.unconverged:
         log.warning(

@@ -12,7 +12,9 @@ joins each batch once it is measured, in the warm-up round too, ``search/schedul
 
 At ¼, ½ and the whole budget the model is compiled with the database cut to the records
 measured by then, its outputs checked against the source framework, and the library exported
-for the interleaved end-to-end timing.
+for the interleaved end-to-end timing. At the whole budget that is what ``gradtune tune``
+ships: the search stops at 90% of it and each task's few best are re-timed quietly in the
+rest (``gradtune.measure.confirm``), and the library compiles the confirmed winners.
 """
 
 from __future__ import annotations
@@ -116,6 +118,21 @@ def truncated_database(run_dir: Path, records: int, name: str) -> Path:
     return out
 
 
+def shipped_database(run_dir: Path, records: int, name: str) -> Path:
+    """The database the run's library by ``records`` compiles from, as ``gradtune tune``
+    ships it: the run's confirmed winners (``gradtune.measure.confirm``) when they confirmed
+    exactly those records, else the run's database cut there."""
+    from gradtune.measure import confirm
+
+    out = truncated_database(run_dir, records, name)
+    if confirm.confirmed_database(run_dir / DB, records) is not None:
+        for source, dest in ((confirm.WORKLOAD_FILE, WORKLOAD_FILE),
+                             (confirm.RECORD_FILE, RECORD_FILE),
+                             (confirm.ACCOUNT_FILE, confirm.ACCOUNT_FILE)):  # fmt: skip
+            shutil.copyfile(run_dir / DB / source, out / dest)
+    return out
+
+
 def record_count(run_dir: Path) -> int:
     path = run_dir / DB / RECORD_FILE
     if not path.is_file():
@@ -139,7 +156,7 @@ def builds_at_fractions(
         }
         start = time.perf_counter()
         try:
-            database = truncated_database(run_dir, records, f"db_at_{label}")
+            database = shipped_database(run_dir, records, f"db_at_{label}")
             library = run_dir / f"model_at_{label}.so"
             entry["max_abs_err"] = api.build_verify_export(
                 imported, fused, target, database, library

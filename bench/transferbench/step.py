@@ -106,7 +106,7 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
     build: dict[str, Any] = {"records": in_budget}
     start = time.perf_counter()
     try:
-        database = searchrun.truncated_database(run_dir, in_budget, f"db_at_{FINAL}")
+        database = searchrun.shipped_database(run_dir, in_budget, f"db_at_{FINAL}")
         shutil.copyfile(db / TASK_TABLE, database / TASK_TABLE)
         library_file = run_dir / f"model_at_{FINAL}.so"
         build["max_abs_err"] = api.build_verify_export(

@@ -8,8 +8,8 @@ records. For each finished run (both searchers, every repeat) this
 
 1. cuts the run's database to the records measured by (1 - share) · B;
 2. confirms it as ``gradtune tune`` does after its search (the same builder, a local RPC fleet
-   with one server, the CLI's evaluator, ``--confirm K``), with nothing else running, and
-   records the confirmation's seconds against its share of the budget;
+   with one server, the CLI's evaluator, ``--confirm K``, the share of the budget as its
+   deadline), with nothing else running;
 3. compiles the confirmed winners, checks the outputs against the source framework and
    exports the library;
 
@@ -95,9 +95,11 @@ def replay_run(layout: Layout, result: dict[str, Any], share: float, top_k: int)
         runner = make_rpc_runner(tracker, MeasureSettings())
         try:
             start = time.perf_counter()
+            # As in tune: the confirmation has the budget's share the search left it.
             confirmation = confirm(
-                tasks, target, run_database(folder), builder, runner, folder, top_k=top_k
-            )
+                tasks, target, run_database(folder), builder, runner, folder, top_k=top_k,
+                deadline=start + share * layout.budget,
+            )  # fmt: skip
             seconds = time.perf_counter() - start
         finally:
             runner.pool.shutdown()
@@ -114,6 +116,7 @@ def replay_run(layout: Layout, result: dict[str, Any], share: float, top_k: int)
         "confirm_s": round(seconds, 2),
         "confirm_share_s": round(share * layout.budget, 1),
         "tasks_confirmed": len(confirmation.tasks),
+        "tasks_cut": confirmation.unconfirmed,
         "changed_tasks": confirmation.changed,
         "max_abs_err": error,
         "library": library.name,

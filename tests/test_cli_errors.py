@@ -108,6 +108,13 @@ def test_non_positive_budget(capsys, out, flag, value):
     assert "must be positive" in line
 
 
+def test_negative_confirm_is_refused(capsys, out):
+    line = _fail(
+        capsys, ["tune", str(EXAMPLES / "small_cnn.py"), "--confirm", "-1", "--out", str(out)], out
+    )
+    assert "--confirm must be 0 or more" in line
+
+
 def test_out_dir_of_another_model_is_refused(capsys, tmp_path):
     out = tmp_path / "other"
     out.mkdir()

@@ -3,6 +3,7 @@ import time
 
 import pytest
 
+from gradtune.measure.confirm import DEFAULT_WITHIN
 from gradtune.partition import TuningTask, partition
 from gradtune.tune import count_records, default_trials_per_round, estimate_model_us, run_database
 
@@ -125,11 +126,14 @@ def test_default_schedules_are_measured_first_kept_on_resume_and_compile(
     defaults = {int(tvm_ffi.structural_hash(r.workload.mod)): r for r in records if is_default(r)}
     confirmed = {c.task: c for c in again.confirmation.tasks}
     for task in tasks:  # a task's best is never slower than the default it competed with
-        if task.name in confirmed:  # timed again quietly beside its default: compared so
-            c = confirmed[task.name]
-            assert c.default is not None and c.quiet_us[c.winner] <= c.quiet_us[c.default]
-            assert again.best_us[task.name] == c.quiet_us[c.winner]
-            continue
         default = defaults[int(tvm_ffi.structural_hash(task.mod))]
         median_us = 1e6 * sorted(float(s) for s in default.run_secs)[len(default.run_secs) // 2]
-        assert again.best_us[task.name] <= median_us
+        c = confirmed.get(task.name)
+        if c is None:
+            assert again.best_us[task.name] <= median_us
+            continue
+        assert again.best_us[task.name] == c.quiet_us[c.winner]
+        if c.default is not None:  # timed again quietly beside the others: compared so
+            assert c.quiet_us[c.winner] <= c.quiet_us[c.default]
+        else:  # left out only when recorded far slower than the best
+            assert median_us > DEFAULT_WITHIN * c.recorded_us[0]

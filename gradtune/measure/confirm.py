@@ -10,8 +10,9 @@ a gradient run; on the two largest convolutions the quiet best was another of th
 and 27% faster, and over all tasks the quiet bests summed to 192 µs against 225 µs for the
 recorded ones.
 
-So after the search each task's ``top_k`` fastest distinct records (and its default schedule,
-so that no regression ships on a noisy draw either) are built once and timed ``rounds`` times
+So after the search each task's ``top_k`` fastest distinct records (and its default schedule
+unless it was recorded over twice as slow, so that no regression ships on a noisy draw
+either) are built once and timed ``rounds`` times
 each with the run's runner, in rotation (drift hits every candidate alike), with nothing
 else running; the task ships the one with the lowest median. The run's database keeps every
 measurement the search made, in TVM's format (what a resumed run and the schedule library
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import shutil
 import time
 from dataclasses import asdict, dataclass, field
@@ -45,6 +47,7 @@ log = logging.getLogger(__name__)
 WORKLOAD_FILE = "confirmed_workload.json"
 RECORD_FILE = "confirmed_tuning_record.json"
 ACCOUNT_FILE = "confirmed.json"
+DEFAULT_WITHIN = 2.0
 
 
 @dataclass
@@ -164,7 +167,10 @@ def _candidates(database: Any, task: TuningTask, top_k: int) -> list[Any]:
             default = record
         if len(picked) >= top_k and (default is not None or any(map(is_default, picked))):
             break
-    if default is not None:
+    # A default recorded over DEFAULT_WITHIN × the best cannot win on a quiet re-timing (the
+    # largest inflation seen on a recorded best was 1.8×): not worth its build and timing.
+    best = median_seconds(picked[0].run_secs) if picked else math.inf
+    if default is not None and median_seconds(default.run_secs) <= DEFAULT_WITHIN * best:
         picked.append(default)
     return picked
 

@@ -190,10 +190,11 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--confirm",
         type=int,
-        default=4,
+        default=None,
         metavar="K",
         help="after the search, time each task's K fastest programs and its default again, "
-        "quietly, and ship the fastest (10%% of --time-budget; 0: ship the recorded best)",
+        "quietly, and ship the fastest (10%% of --time-budget; 0: ship the recorded best; "
+        "default: 4 with the gradient search, 0 with MetaSchedule's)",
     )
     parser.add_argument(
         "--fast-math",

@@ -57,10 +57,11 @@ class TuneJob:
     measure : str, default "fixed"
         How candidates are timed: "fixed" (number × repeat) or "adaptive" (until the CV of
         micro-batches settles; ``measure/adaptive.py``).
-    confirm : int, default 4
+    confirm : int or None, default None
         After the search, each task's that many fastest programs and its default are timed
         again, quietly and in rotation, and the fastest ships (``measure/confirm.py``); a time
-        budget leaves a tenth of itself to it. 0: the search's recorded best ships.
+        budget leaves a tenth of itself to it. 0: the search's recorded best ships. None: the
+        search's default (4 with the gradient search, 0 with MetaSchedule's).
     library : str | None, default None
         A schedule library (``transfer.library.load_library``'s SPEC): what ``tune
         --warm-start`` starts the search from, or what ``transfer`` transfers.
@@ -99,7 +100,7 @@ class TuneJob:
     rpc_servers: int = 1
     seed: int = 0
     measure: str = "fixed"
-    confirm: int = 4
+    confirm: int | None = None
     library: str | None = None
     library_from: str = "auto"
     transfer_only: bool = False
@@ -188,7 +189,7 @@ def validate(job: TuneJob) -> None:
         raise GradtuneError(
             f"unknown --measure {job.measure!r}; choose one of {', '.join(MEASURE_MODES)}"
         )
-    if job.confirm < 0:
+    if job.confirm is not None and job.confirm < 0:
         raise GradtuneError(f"--confirm must be 0 or more programs per task, got {job.confirm}")
     if job.conv_layout not in CONV_LAYOUTS:
         raise GradtuneError(

@@ -162,9 +162,8 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
     if result.confirmation is not None and result.confirmation.tasks:
         c = result.confirmation
         console.print(
-            f"[bold]confirmed[/]: {len(c.tasks)} tasks' {job.confirm} fastest programs and"
-            f" defaults timed again quietly in {c.seconds:.1f} s; {c.changed} ship another"
-            " program than the recorded best"
+            f"[bold]confirmed[/]: {len(c.tasks)} tasks' fastest programs timed again quietly"
+            f" in {c.seconds:.1f} s; {c.changed} ship another program than the recorded best"
         )
     if result.resumed_trials:
         console.print(f"resumed: {result.resumed_trials} trials already in the database were kept")

@@ -137,3 +137,24 @@ def test_default_schedules_are_measured_first_kept_on_resume_and_compile(
             assert c.quiet_us[c.winner] <= c.quiet_us[c.default]
         else:  # left out only when recorded far slower than the best
             assert median_us > DEFAULT_WITHIN * c.recorded_us[0]
+
+
+@pytest.mark.slow
+def test_metaschedule_searches_confirm_only_when_asked(tiny_model, llvm_target, tmp_path):
+    """The gradient search's runs re-time each task's few best quietly by default; the
+    recorded best of MetaSchedule's searches ships unless a confirmation is asked for."""
+    from gradtune.measure.confirm import ACCOUNT_FILE
+    from gradtune.measure.rpc_fleet import LocalFleet
+    from gradtune.tune import tune
+
+    _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
+    runs = {}
+    with LocalFleet() as tracker:
+        for name, asked in (("plain", None), ("asked", 2)):
+            runs[name] = tune(tasks, llvm_target, tmp_path / name, tracker,
+                              max_trials=len(tasks) + 4, search="replay-trace",
+                              trials_per_round=2, confirm_top_k=asked)  # fmt: skip
+    assert runs["plain"].confirmation is None
+    assert not (tmp_path / "plain" / ACCOUNT_FILE).exists()
+    assert runs["asked"].confirmation is not None
+    assert (tmp_path / "asked" / ACCOUNT_FILE).is_file()

@@ -238,8 +238,8 @@ def render(args: argparse.Namespace, models: dict[str, Any], commits: set[str]) 
         f" compiled with the recorded bests; **confirmed**, that cut with each task's"
         f" {args.top_k} fastest records and default re-timed quietly (3 rotations, the CLI's"
         f" evaluator, {args.share * args.budget:.0f} s deadline) and the quietly fastest"
-        " compiled, which is what `gradtune tune --time-budget B` now ships. A ratio is taken"
-        " within each pass and its median over the passes given (ms columns: medians over"
+        " compiled, which is what `gradtune tune --time-budget B --confirm K` ships. A ratio is"
+        " taken within each pass and its median over the passes given (ms columns: medians over"
         " passes and runs); above 1, the confirmed library is faster. B / confirmed weighs the"
         " change as a whole (the search gives up its last share); cut / confirmed weighs the"
         " confirmation alone.",

@@ -190,11 +190,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--confirm",
         type=int,
-        default=None,
+        default=0,
         metavar="K",
         help="after the search, time each task's K fastest programs and its default again, "
-        "quietly, and ship the fastest (10%% of --time-budget; 0: ship the recorded best; "
-        "default: 4 with the gradient search, 0 with MetaSchedule's)",
+        "quietly, and ship the fastest (10%% of --time-budget; default 0: the recorded best)",
     )
     parser.add_argument(
         "--fast-math",

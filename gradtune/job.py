@@ -57,11 +57,10 @@ class TuneJob:
     measure : str, default "fixed"
         How candidates are timed: "fixed" (number × repeat) or "adaptive" (until the CV of
         micro-batches settles; ``measure/adaptive.py``).
-    confirm : int or None, default None
+    confirm : int, default 0
         After the search, each task's that many fastest programs and its default are timed
         again, quietly and in rotation, and the fastest ships (``measure/confirm.py``); a time
-        budget leaves a tenth of itself to it. 0: the search's recorded best ships. None: the
-        search's default (4 with the gradient search, 0 with MetaSchedule's).
+        budget leaves a tenth of itself to it. 0: the search's recorded best ships.
     library : str | None, default None
         A schedule library (``transfer.library.load_library``'s SPEC): what ``tune
         --warm-start`` starts the search from, or what ``transfer`` transfers.
@@ -100,7 +99,7 @@ class TuneJob:
     rpc_servers: int = 1
     seed: int = 0
     measure: str = "fixed"
-    confirm: int | None = None
+    confirm: int = 0
     library: str | None = None
     library_from: str = "auto"
     transfer_only: bool = False
@@ -189,7 +188,7 @@ def validate(job: TuneJob) -> None:
         raise GradtuneError(
             f"unknown --measure {job.measure!r}; choose one of {', '.join(MEASURE_MODES)}"
         )
-    if job.confirm is not None and job.confirm < 0:
+    if job.confirm < 0:
         raise GradtuneError(f"--confirm must be 0 or more programs per task, got {job.confirm}")
     if job.conv_layout not in CONV_LAYOUTS:
         raise GradtuneError(

@@ -254,7 +254,7 @@ def tune(
     tracking_uri: str | None = None,
     warm_start: Callable[[Any, Any, Any, int], int] | None = None,
     cost_model: str | Any = "xgb",
-    confirm_top_k: int | None = None,
+    confirm_top_k: int = 0,
     confirm_share: float = 0.1,
 ) -> TuneResult:
     """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
@@ -278,8 +278,7 @@ def tune(
 
     ``confirm_top_k``: after the search, each task's that many fastest records (and its default
     schedule) are timed again, quietly and in rotation, and the fastest ships
-    (``measure.confirm``; 0: the recorded best ships); None: the strategy's
-    ``confirm_top_k`` (the gradient search's 4, MetaSchedule's 0). With a ``time_budget`` the
+    (``measure.confirm``; 0, the default: the recorded best ships). With a ``time_budget`` the
     search stops at ``1 - confirm_share`` of it, leaving the rest to the confirmation.
     """
     import psutil
@@ -287,7 +286,7 @@ def tune(
 
     if max_trials <= 0:
         raise GradtuneError(f"trial budget must be positive, got {max_trials}")
-    if confirm_top_k is not None and confirm_top_k < 0 or not 0 <= confirm_share < 1:
+    if confirm_top_k < 0 or not 0 <= confirm_share < 1:
         raise GradtuneError(
             f"confirmation needs top_k >= 0 and a share in [0, 1), not {confirm_top_k} and "
             f"{confirm_share}"
@@ -328,8 +327,6 @@ def tune(
         if isinstance(search, str)
         else search
     )
-    if confirm_top_k is None:
-        confirm_top_k = int(getattr(strategy, "confirm_top_k", 0)) if strategy is not None else 0
     if strategy is not None and cost_model is getattr(strategy, "cost_model", None):
         raise GradtuneError(
             "the task scheduler's cost model is the gradient search's own object: give it a "

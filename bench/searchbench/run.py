@@ -13,8 +13,7 @@ joins each batch once it is measured, in the warm-up round too, ``search/schedul
 At ¼, ½ and the whole budget the model is compiled with the database cut to the records
 measured by then, its outputs checked against the source framework, and the library exported
 for the interleaved end-to-end timing. At the whole budget that is what ``gradtune tune``
-ships: the search stops at 90% of it and each task's few best are re-timed quietly in the
-rest (``gradtune.measure.confirm``), and the library compiles the confirmed winners.
+ships: with a confirmation (``--confirm K``, ``gradtune.measure.confirm``), its winners.
 """
 
 from __future__ import annotations

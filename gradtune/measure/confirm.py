@@ -48,8 +48,6 @@ WORKLOAD_FILE = "confirmed_workload.json"
 RECORD_FILE = "confirmed_tuning_record.json"
 ACCOUNT_FILE = "confirmed.json"
 DEFAULT_WITHIN = 2.0
-# Programs per task the gradient search's runs confirm by default (``GradientSearch``).
-TOP_K = 4
 
 
 @dataclass

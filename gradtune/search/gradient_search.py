@@ -25,7 +25,6 @@ from tvm.s_tir import meta_schedule as ms
 from gradtune.costmodel.ensemble import Scale
 from gradtune.costmodel.online import OnlineCostModel
 from gradtune.costmodel.train import spearman
-from gradtune.measure import confirm
 from gradtune.measure.latency import median_seconds, result_seconds
 from gradtune.search.acquisition import contextual_epsilon, log_expected_improvement
 from gradtune.search.session import ReportingStrategy, RunSummary, SearchRound, Session
@@ -255,15 +254,6 @@ class GradientSearch(ReportingStrategy):
     session : Session or None, default None
         The run's session (``tune`` attaches its own); its ``RunSummary`` is created here.
     """
-
-    # Its runs re-time each task's few best quietly before they ship (``measure.confirm``):
-    # replayed on the search benchmark's 480 s runs (Emerald Rapids, two held-out models,
-    # ``bench/results/confirm_replay_emeraldrapids.md``), the confirmed winners of its
-    # database at 90% of the budget compiled 1.01-1.16x faster than its recorded bests there
-    # (median 1.06), and 1.04-1.06x faster (medians) than its library at the whole budget.
-    # MetaSchedule's searches keep 0: their recorded bests were not beaten (0.97-0.99), and
-    # the share of the budget cost them more (evolutionary search was still warming up).
-    confirm_top_k = confirm.TOP_K
 
     def __init__(
         self,

@@ -248,9 +248,6 @@ class ReportingStrategy(ms.search_strategy.PySearchStrategy):
     """
 
     session: Session
-    # How many of each task's fastest programs ``tune`` times again quietly before they ship
-    # (``measure.confirm``), unless the caller says: 0 ships the recorded best.
-    confirm_top_k: int = 0
 
     def attach(self, session: Session) -> None:
         self.session = session

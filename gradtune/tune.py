@@ -426,7 +426,8 @@ def tune(
     devices.raise_if_lost()
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary
-    result.default_kept = kept_defaults(compile_database(work_dir), tasks)
+    shipped = compile_database(work_dir) if result.confirmation is not None else database
+    result.default_kept = kept_defaults(shipped, tasks)
     if result.confirmation is not None:
         for task in result.confirmation.tasks:  # what ships, as timed quietly
             best_us[task.task] = task.quiet_us[task.winner]

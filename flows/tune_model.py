@@ -45,6 +45,7 @@ def tune_model(
     rpc_servers: int = 1,
     seed: int = 0,
     measure: str = "fixed",
+    confirm: int = 0,
     library: str | None = None,
     library_from: str = "auto",
     transfer_only: bool = False,
@@ -61,7 +62,7 @@ def tune_model(
         target, model=model, entry=entry, input_shapes=input_shapes or {}, trials=trials,
         time_budget=time_budget, out=out or fresh_out_dir(model), resume=resume,
         search=search, tracker=tracker, key=key, mlflow_uri=mlflow_uri, name=name, alias=alias,
-        rpc_servers=rpc_servers, seed=seed, measure=measure, library=library,
+        rpc_servers=rpc_servers, seed=seed, measure=measure, confirm=confirm, library=library,
         library_from=library_from, transfer_only=transfer_only, fast_math=fast_math,
         weight_prepack=weight_prepack, conv_layout=conv_layout, fold_batchnorm=fold_batchnorm,
     )  # fmt: skip

@@ -132,12 +132,13 @@ def prefect_server(tmp_path):
 
 def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_server):
     """Also the gradient search's path through the whole product, MLflow logging included,
-    and an AWS secret in the environment that must appear nowhere."""
+    the quiet confirmation of each task's best (``--confirm``), and an AWS secret in the
+    environment that must appear nowhere."""
     out = tmp_path / "onnx"
     secret = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYzEXAMPLEKEY"
     env = {"PREFECT_API_URL": prefect_server, "AWS_SECRET_ACCESS_KEY": secret}
     result = run_cli("tune", str(tiny_onnx), "--trials", "8", "--out", str(out),
-                     "--search", "gradient", env=env)  # fmt: skip
+                     "--search", "gradient", "--confirm", "2", env=env)  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "Starting temporary server" not in result.stderr  # the real server was used
     summary = _check_outputs(out, 8)
@@ -148,6 +149,11 @@ def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_se
         assert peer["ms"] or "onnx2torch" in peer["error"], peer
     assert summary["registered"] == "gradtune-tiny-mlp@champion"
     assert "ONNX Runtime" in result.stdout
+    # What compiled is what the confirmation chose, and the registry keeps its account.
+    confirmed = json.loads((out / "confirmed.json").read_text())
+    assert summary["confirmed_tasks"] == len(confirmed["tasks"]) > 0
+    for task in confirmed["tasks"]:
+        assert summary["best_task_us"][task["task"]] == task["quiet_us"][task["winner"]]
 
     body = json.dumps({"flows": {"name": {"any_": ["tune-model"]}}}).encode()
     request = urllib.request.Request(
@@ -172,6 +178,8 @@ def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_se
     assert run.data.params["search_cost_model"].endswith("weights/llvm.pt")  # pretrained
     artifacts = [a.path for a in client.list_artifacts(summary["run_id"], "report")]
     assert "report/search_rounds.json" in artifacts
+    databases = [a.path for a in client.list_artifacts(summary["run_id"], "database")]
+    assert "database/confirmed_tuning_record.json" in databases
 
     # Not in the output, the files written (summary.json, report.md, the MLflow store with its
     # params and tags, the artifacts), nor the run's params and tags.

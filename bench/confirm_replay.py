@@ -134,19 +134,13 @@ def with_recorded(layout: Layout, result: dict[str, Any], record: dict, folder: 
     """The replay's record with a third library: the database cut at the same time, compiled
     with its recorded bests (no confirmation). Against it the confirmation's own effect shows;
     against the library at B, what the search would have found in the share it gave up."""
-    from gradtune import compilation
-    from gradtune.tune import run_database
-
     run_dir = layout.root / "runs" / result["model"] / result["run_id"]
     library = run_dir / f"{folder.name}_recorded.so"
     if record.get("library_recorded") != library.name or not library.is_file():
         _config, target = api.host_target()
         imported = api.import_model(MODELS[result["model"]].tuning_file(layout.work))
         fused, _ = api.partition_model(imported, target)
-        executable = compilation.build(fused, target, run_database(folder))
-        outputs = compilation.Runner(executable, target, imported.inputs).outputs()
-        compilation.verify(outputs, imported.reference_outputs, "recorded build")
-        compilation.export(executable, library)
+        api.build_verify_export(imported, fused, target, folder, library)
         record = {**record, "library_recorded": library.name}
     write_json(folder / "confirm_replay.json", record)
     return record

@@ -39,15 +39,15 @@ from pathlib import Path
 from typing import Any
 
 from searchbench import api
+from searchbench.analysis import paired_ratio
 from searchbench.layout import Layout, add_work_and_out, resolve_out, write_json
 from searchbench.models import MODELS, ROOT
 from searchbench.report import git_commit, machine
 from searchbench.run import records_by, truncated_database
-from searchbench.timing import identities, timed
+from searchbench.timing import PASSES, identities, timed
 
 DEFAULT_WORK = ROOT / "bench" / "work"
 STEM = "confirm_replay"
-TIMING_PASSES = 5
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -158,14 +158,11 @@ def time_model(layout: Layout, model: str, replays: list[dict], share: float, to
     path = layout.root / "timing" / f"{model}_{replay_dir(Path(), share, top_k).name}.json"
     if path.is_file():
         saved = json.loads(path.read_text())
-        if saved.get("libraries") == identities(found) and len(saved["passes"]) == TIMING_PASSES:
+        if saved.get("libraries") == identities(found) and len(saved["passes"]) == PASSES:
             return saved
-    # On this shared machine one library's latency moved by up to 30% between passes of the
-    # same process, every library's by as much between processes: each ratio is taken within
-    # a pass (interleaved: the same conditions) and its median over the passes reported.
-    passes = [timed(model, found, layout.work) for _ in range(TIMING_PASSES)]
-    record = {**passes[-1], "passes": [p["ms"] for p in passes]}
-    record["ms"] = {k: round(statistics.median(p["ms"][k] for p in passes), 5) for k in found}
+    # Every ratio below is taken within a pass and its median over the passes reported
+    # (searchbench.timing: one library moved by up to 30% between passes of one process).
+    record = timed(model, found, layout.work, passes=PASSES)
     write_json(path, record)
     return record
 
@@ -175,7 +172,7 @@ def summarize(model: str, replays: list[dict], timing: dict) -> dict[str, Any]:
 
     def paired(a: str, b: str) -> float:
         """Median over the passes of library a's ms over library b's, each within one pass."""
-        return statistics.median(p[a] / p[b] for p in passes)
+        return paired_ratio(passes, [a], [b])
 
     out: dict[str, Any] = {}
     for searcher in ("gradient", "evolutionary"):
@@ -227,7 +224,7 @@ def render(args: argparse.Namespace, models: dict[str, Any], commits: set[str]) 
         f" ({host.get('logical_cores')} logical cores); target `{json.dumps(config)}`.",
         "",
         f"Three libraries per run, all of a model's timed interleaved in one process,"
-        f" {TIMING_PASSES} passes: **B**, the run's library as"
+        f" {PASSES} passes: **B**, the run's library as"
         f" tuned by all of B; **cut**, its database as it stood at {1 - args.share:.0%} of B"
         f" compiled with the recorded bests; **confirmed**, that cut with each task's"
         f" {args.top_k} fastest records and default re-timed quietly (3 rotations, the CLI's"

@@ -22,8 +22,8 @@ Protocol (the parts live in bench/searchbench/):
 5. **Metrics** (``searchbench.analysis``): time to 95% of the best-known estimated latency
    (median over repeats, ratio evo/grad, bounds marked and never averaged); end-to-end
    latency at ¼, ½ and all of B (compiled from the truncated database, outputs verified, all
-   of a model's libraries timed interleaved in one process: ``searchbench.timing``); trials
-   per minute.
+   of a model's libraries timed interleaved in one process, in passes, each ratio taken
+   within a pass: ``searchbench.timing``); trials per minute.
 
     .venv/bin/python bench/search_efficiency.py [--budget 300] [--repeats 3] [--models ...]
     nohup .venv/bin/python bench/search_efficiency.py > /tmp/search_efficiency.log 2>&1 &
@@ -42,8 +42,8 @@ resumes.
 Writes ``--out``/search_efficiency.{md,json} and search_efficiency_<model>.png (marked
 PARTIAL until every run finished); the last line printed is the JSON summary
 ``{"models": {name: {"t95_ratio", "t95_ratio_range", "t95_bound", "e2e_ratio_at_budget",
-"leaked_workloads", "repeats"}}, "geomean_t95_ratio", "geomean_e2e_ratio_at_budget",
-"partial", "commit", "failed_models"}``.
+"e2e_ratio_at_budget_passes", "leaked_workloads", "repeats"}}, "geomean_t95_ratio",
+"geomean_e2e_ratio_at_budget", "partial", "commit", "failed_models"}``.
 """
 
 from __future__ import annotations
@@ -180,12 +180,13 @@ def versus(args: argparse.Namespace, layout: Layout) -> int:
     against = "".join(f"+{config}" for config in args.against)
     out = layout.root / "timing" / f"{args.versus}-versus-default{against}.json"
     record = time_versus(layouts, args.versus, out)
-    base = record["median_ms"].get("default/gradient")
-    print(f"{args.versus}: median end-to-end ms at the budget, timed interleaved "
-          f"(commit {git_commit()}, load {record['loadavg_before'][0]} → "
-          f"{record['loadavg_after'][0]})")  # fmt: skip
+    over = record.get("default_gradient_over", {})
+    print(f"{args.versus}: median end-to-end ms at the budget, timed interleaved in "
+          f"{len(record['passes'])} passes (commit {git_commit()}, load "
+          f"{record['loadavg_before'][0]} → {record['loadavg_after'][0]}); default gradient / "
+          "this: median of the ratios within each pass")  # fmt: skip
     for group, value in record["median_ms"].items():
-        ratio = f"  default gradient / this = {base / value:.3f}" if base else ""
+        ratio = f"  default gradient / this = {over[group]:.3f}" if group in over else ""
         print(f"  {group:<60} {value:8.4f}{ratio}")
     print(json.dumps({"model": args.versus, "median_ms": record["median_ms"]}))
     return 0

@@ -112,7 +112,7 @@ def test_timing_is_redone_when_a_library_under_a_timed_label_changes(tmp_path):
     import os
 
     from searchbench.layout import Layout, write_json
-    from searchbench.timing import identities, libraries, up_to_date
+    from searchbench.timing import PASSES, identities, libraries, up_to_date
 
     layout = Layout(tmp_path, 480.0)
     run = layout.root / "runs" / "bert_block" / "gradient-r0"
@@ -126,12 +126,43 @@ def test_timing_is_redone_when_a_library_under_a_timed_label_changes(tmp_path):
     assert list(found) == ["gradient-r0@100"]
     record = {"ms": {"gradient-r0@100": 0.04}, "libraries": identities(found)}
     write_json(layout.timing("bert_block"), record)
+    assert not up_to_date(layout, "bert_block"), "one pass (an older record) is timed again"
+    record["passes"] = [record["ms"]] * PASSES
+    write_json(layout.timing("bert_block"), record)
     assert up_to_date(layout, "bert_block")
     library.write_bytes(b"another run's library")
     os.utime(library, ns=(1, 1))
     assert not up_to_date(layout, "bert_block"), "same label, another library"
     write_json(layout.timing("bert_block"), {"ms": {"gradient-r0@100": 0.04}})
     assert not up_to_date(layout, "bert_block"), "a record without identities vouches for nothing"
+
+
+def test_end_to_end_ratio_is_taken_within_each_timing_pass():
+    """One library's latency can move by tens of percent between timing passes of one process:
+    the ratio at the budget is the median of the ratios within each pass (here 2.0), not the
+    ratio of medians over passes (1.5), and a record with fewer passes is timed again."""
+    from searchbench.analysis import analyse_model
+
+    def run(searcher: str) -> dict:
+        return {
+            "run_id": f"{searcher}-r0", "searcher": searcher, "repeat": 0,
+            "rounds": [{"task": "conv", "wall_s": 10.0, "estimated_us": 100.0}],
+            "builds": {k: {"records": 1} for k in ("25", "50", "100")},
+            "trials_in_budget": 8, "wall_s": 100.0, "overrun_pct": 0.0, "per_round": 8,
+        }  # fmt: skip
+
+    passes = [
+        {"gradient-r0@100": 1.0, "evolutionary-r0@100": 2.0},
+        {"gradient-r0@100": 2.0, "evolutionary-r0@100": 3.0},
+        {"gradient-r0@100": 3.0, "evolutionary-r0@100": 10.0},
+    ]
+    results = [run("gradient"), run("evolutionary")]
+    m = analyse_model(results, results, passes, budget=100.0)
+    assert m["e2e_ratio_at_budget"] == 2.0
+    assert m["e2e_ratio_at_budget_passes"] == [1.5, 3.333]
+    assert m["searchers"]["gradient"]["e2e_ms_median"]["100"] == 2.0  # per library: median
+    assert m["searchers"]["evolutionary"]["e2e_ms_median"]["100"] == 3.0
+    assert m["e2e_ratio"]["25"] is None, "no library at a quarter: no ratio"
 
 
 def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_own(tmp_path):

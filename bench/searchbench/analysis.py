@@ -10,7 +10,10 @@ Per model, over the runs that finished without error:
   repeats give. A ratio with a bound on either side is marked (≥ or ≤) and left out of the
   geometric mean, never averaged as if it were a measurement.
 - **end-to-end latency** of the model as tuned by ¼, ½ and all of the budget: the median over
-  repeats of the interleaved timing, and the ratio evolutionary / gradient.
+  repeats of the interleaved timing (each library's median over the timing passes), and the
+  ratio evolutionary / gradient taken within each pass (median of the evolutionary runs'
+  libraries over the median of the gradient runs', both from that pass), its median over the
+  passes reported with their range.
 - **trials per minute** measured within the budget, and each run's wall time and overrun
   (flagged above 5%).
 """
@@ -61,6 +64,24 @@ def ratio_with_bound(
     return e / g, "≥" if e_bound else "≤" if g_bound else "="
 
 
+def paired_ratio(
+    passes: list[dict[str, float]], numerator: list[str], denominator: list[str]
+) -> float:
+    """Median over timing passes of (median ms of the ``numerator`` labels / median ms of the
+    ``denominator`` labels), both taken within the pass: libraries timed in one pass share its
+    conditions, while one library's latency can move by tens of percent between passes."""
+    return statistics.median(pass_ratios(passes, numerator, denominator))
+
+
+def pass_ratios(
+    passes: list[dict[str, float]], numerator: list[str], denominator: list[str]
+) -> list[float]:
+    return [
+        statistics.median(p[k] for k in numerator) / statistics.median(p[k] for k in denominator)
+        for p in passes
+    ]
+
+
 def geomean(values: list[float]) -> float | None:
     values = [v for v in values if v and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else None
@@ -75,7 +96,7 @@ def _round(value: float | None, digits: int) -> float | None:
 
 
 def run_summary(
-    result: dict[str, Any], budget: float, level_us: float, timing: dict[str, float]
+    result: dict[str, Any], budget: float, level_us: float, timing: list[dict[str, float]]
 ) -> dict[str, Any]:
     curve = best_curve(result, budget)
     builds = result.get("builds", {})
@@ -86,7 +107,7 @@ def run_summary(
         "t95_s": time_to(curve, level_us),
         "best_estimated_us": curve[-1][1] if curve else None,
         "e2e_ms": {
-            label: timing.get(f"{result['run_id']}@{label}") for label in _fraction_labels()
+            label: _timed_ms(timing, f"{result['run_id']}@{label}") for label in _fraction_labels()
         },
         "records_at": {label: builds.get(label, {}).get("records") for label in _fraction_labels()},
         "build_errors": {k: b["error"] for k, b in builds.items() if "error" in b},
@@ -101,6 +122,12 @@ def run_summary(
         "best_found_by": best_found_by(result),
         "curve": [(round(t, 1), round(us, 2)) for t, us in curve],
     }
+
+
+def _timed_ms(passes: list[dict[str, float]], label: str) -> float | None:
+    """A library's median ms over the passes that timed it (None: never timed)."""
+    values = [p[label] for p in passes if label in p]
+    return round(statistics.median(values), 5) if values else None
 
 
 def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
@@ -188,11 +215,12 @@ def ratio_range(evo: list[dict], grad: list[dict], budget: float) -> tuple[list[
 def analyse_model(
     results: list[dict[str, Any]],
     reference: list[dict[str, Any]],
-    timing: dict[str, float],
+    timing: list[dict[str, float]],
     budget: float,
 ) -> dict[str, Any]:
     """Metrics of ``results`` (finished, error-free runs of one model and batch size); the
-    best-known latency is taken over ``reference`` (the runs it is compared against)."""
+    best-known latency is taken over ``reference`` (the runs it is compared against).
+    ``timing``: the passes of the model's interleaved timing (label → ms each)."""
     finals = [c[-1][1] for c in (best_curve(r, budget) for r in reference) if c]
     # No run measured anything within the budget: every t95 is a bound, the rest still counts.
     best = min(finals, default=None)
@@ -205,12 +233,25 @@ def analyse_model(
         (e["t95_median_s"], e["t95_median_bound"]), (g["t95_median_s"], g["t95_median_bound"])
     )
     span, span_bounded = ratio_range(by["evolutionary"], by["gradient"], budget)
-    e2e_ratio = {}
+    e2e_ratio, e2e_range = {}, {}
     for label in _fraction_labels():
-        ge, ee = g["e2e_ms_median"][label], e["e2e_ms_median"][label]
         # Both untuned: the same program twice, the ratio would be timing noise.
-        both_untuned = label in g["untuned_at"] and label in e["untuned_at"]
-        e2e_ratio[label] = round(ee / ge, 3) if ge and ee and not both_untuned else None
+        if label in g["untuned_at"] and label in e["untuned_at"]:
+            e2e_ratio[label] = e2e_range[label] = None
+            continue
+        grad, evo = (
+            [f"{r['run_id']}@{label}" for r in by[s] if r["e2e_ms"][label] is not None]
+            for s in ("gradient", "evolutionary")
+        )
+        # Only the passes that timed every library compared (all of them, unless a record
+        # was cut short): a ratio within a pass is what the passes agree on.
+        full = [p for p in timing if all(k in p for k in grad + evo)]
+        if not (grad and evo and full):
+            e2e_ratio[label] = e2e_range[label] = None
+            continue
+        ratios = pass_ratios(full, evo, grad)
+        e2e_ratio[label] = round(statistics.median(ratios), 3)
+        e2e_range[label] = [round(min(ratios), 3), round(max(ratios), 3)]
     return {
         "best_estimated_us": round(best, 2) if best is not None else None,
         "level_us": round(level, 2) if best is not None else None,
@@ -222,6 +263,9 @@ def analyse_model(
         "t95_ratio_range_bounded": span_bounded,
         "e2e_ratio": e2e_ratio,
         "e2e_ratio_at_budget": e2e_ratio["100"],
+        # The spread of that ratio over the timing passes (one pass: [r, r]).
+        "e2e_ratio_at_budget_passes": e2e_range["100"],
+        "timing_passes": len(timing),
         "repeats": min(g["runs"], e["runs"]),
         "runs": runs,
     }

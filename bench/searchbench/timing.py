@@ -2,10 +2,15 @@
 
 All of a model's libraries (both searchers, every repeat, ¼ / ½ / all of the budget) are
 loaded together and timed interleaved (``time_interleaved``: alternating calls, median of the
-repeats), so the shared machine's drift hits every contender alike. The result is saved with
-the libraries it covers, each by label, size and modification time; it is redone when any of
-them changes, so a run redone or moved in from another layout under the same label is timed
-again.
+repeats), so the shared machine's drift hits every contender alike. That is one pass; a
+record holds ``PASSES`` of them, each loading the libraries afresh. On a 2-core VM one
+library's latency moved by up to 30% between passes of one process while the ratios within a
+pass held, so ratios are taken within each pass and their median reported
+(``searchbench.analysis``), never between medians of different passes.
+
+The result is saved with the libraries it covers, each by label, size and modification time;
+it is redone when any of them changes (a run redone or moved in from another layout under the
+same label is timed again), and when it has fewer passes than ``PASSES`` (an older record).
 """
 
 from __future__ import annotations
@@ -18,8 +23,11 @@ from pathlib import Path
 from typing import Any
 
 from searchbench import api
+from searchbench.analysis import paired_ratio
 from searchbench.layout import Layout, write_json
 from searchbench.models import MODELS
+
+PASSES = 5
 
 
 def libraries(layout: Layout, model: str) -> dict[str, Path]:
@@ -43,28 +51,42 @@ def up_to_date(layout: Layout, model: str) -> bool:
     if not path.is_file():
         return not libraries(layout, model)
     # A record without identities predates them: its labels alone cannot vouch for the files.
-    covered = json.loads(path.read_text()).get("libraries")
-    return covered == identities(libraries(layout, model))
+    record = json.loads(path.read_text())
+    return (
+        record.get("libraries") == identities(libraries(layout, model))
+        and len(passes_of(record)) >= PASSES
+    )
 
 
-def timed(model: str, found: dict[str, Path], work: Path) -> dict[str, Any]:
-    """``found`` (label → library of ``model``) timed interleaved in this process: the record
-    the timing files hold (ms per label, seconds, load average, date)."""
+def passes_of(record: dict[str, Any]) -> list[dict[str, float]]:
+    """A timing record's passes (label → ms each); a record from before passes is one."""
+    return record.get("passes") or [record["ms"]]
+
+
+def timed(model: str, found: dict[str, Path], work: Path, passes: int = PASSES) -> dict[str, Any]:
+    """``found`` (label → library of ``model``) timed interleaved in this process, ``passes``
+    times: the record the timing files hold (ms per pass and label, their median per label,
+    seconds, load average, date)."""
     _config, target = api.host_target()
     imported = api.import_model(MODELS[model].tuning_file(work))
     load_before = os.getloadavg()
     start = time.perf_counter()
-    ms = api.time_libraries(found, imported.inputs, target)
+    each = []
+    for _ in range(passes):
+        ms = api.time_libraries(found, imported.inputs, target)
+        each.append({label: round(v, 5) for label, v in ms.items()})
     record = {
         "model": model,
-        "ms": {label: round(v, 5) for label, v in ms.items()},
+        "ms": {label: round(statistics.median(p[label] for p in each), 5) for label in found},
+        "passes": each,
         "libraries": identities(found),
         "seconds": round(time.perf_counter() - start, 1),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
-    print(f"{model}: timed {len(found)} libraries interleaved in {record['seconds']} s", flush=True)
+    print(f"{model}: timed {len(found)} libraries interleaved, {passes} passes, in "
+          f"{record['seconds']} s", flush=True)  # fmt: skip
     return record
 
 
@@ -93,10 +115,20 @@ def time_versus(layouts: dict[str, Layout], model: str, out: Path) -> dict[str, 
     if not found:
         raise SystemExit(f"search_efficiency: no finished runs of {model} to time")
     record = timed(model, found, next(iter(layouts.values())).work)
-    groups: dict[str, list[float]] = {}
-    for label, value in record["ms"].items():
+    groups: dict[str, list[str]] = {}
+    for label in record["ms"]:
         name, run = label.split("/", 1)
-        groups.setdefault(f"{name}/{run.split('-r')[0]}", []).append(value)
-    record["median_ms"] = {k: round(statistics.median(v), 5) for k, v in sorted(groups.items())}
+        groups.setdefault(f"{name}/{run.split('-r')[0]}", []).append(label)
+    groups = dict(sorted(groups.items()))
+    record["median_ms"] = {
+        k: round(statistics.median(record["ms"][label] for label in labels), 5)
+        for k, labels in groups.items()
+    }
+    base = groups.get("default/gradient")
+    if base:
+        record["default_gradient_over"] = {
+            k: round(paired_ratio(record["passes"], base, labels), 4)
+            for k, labels in groups.items()
+        }
     write_json(out, record)
     return record

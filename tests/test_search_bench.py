@@ -165,6 +165,32 @@ def test_end_to_end_ratio_is_taken_within_each_timing_pass():
     assert m["e2e_ratio"]["25"] is None, "no library at a quarter: no ratio"
 
 
+def test_milestones_are_felixs_90_95_99_percent_of_the_best_known():
+    """The time each searcher needs to come within 90/95/99% of the best any run reached, as
+    Felix's Table 2 reports it; a searcher that never got there gives a bound, marked."""
+    from searchbench.analysis import analyse_model
+
+    def run(searcher: str, rounds: list[tuple[float, float]]) -> dict:
+        return {
+            "run_id": f"{searcher}-r0", "searcher": searcher, "repeat": 0,
+            "rounds": [{"task": "conv", "wall_s": t, "estimated_us": us} for t, us in rounds],
+            "builds": {}, "trials_in_budget": 8, "wall_s": 100.0, "overrun_pct": 0.0,
+            "per_round": 8,
+        }  # fmt: skip
+
+    results = [
+        run("gradient", [(10.0, 110.0), (40.0, 100.0)]),
+        run("evolutionary", [(50.0, 104.0)]),
+    ]
+    m = analyse_model(results, results, [], budget=100.0)
+    assert m["best_estimated_us"] == 100.0
+    ms = m["milestones"]
+    assert (ms["90"]["ratio"], ms["90"]["kind"]) == (5.0, "=")  # 10 s against 50 s
+    assert (ms["95"]["ratio"], ms["95"]["kind"]) == (1.25, "=")  # 40 s against 50 s
+    assert ms["99"]["kind"] == "≥" and ms["99"]["evolutionary_reached"] == "0/1"
+    assert ms["95"]["ratio"] == m["t95_ratio"]
+
+
 def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_own(tmp_path):
     """A default that moved since a layout's gradient runs were made (ranked_warmup went from 0
     to 256) would mix two searches under one name: resuming is refused in one line naming the

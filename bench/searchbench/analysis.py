@@ -9,6 +9,7 @@ Per model, over the runs that finished without error:
   median run is one), the ratio evolutionary / gradient, and the range of ratios the extreme
   repeats give. A ratio with a bound on either side is marked (≥ or ≤) and left out of the
   geometric mean, never averaged as if it were a measurement.
+- **milestones** (Felix's Table 2): the same for 90% and 99% of the best-known.
 - **end-to-end latency** of the model as tuned by ¼, ½ and all of the budget: the median over
   repeats of the interleaved timing (each library's median over the timing passes), and the
   ratio evolutionary / gradient taken within each pass (median of the evolutionary runs'
@@ -27,6 +28,9 @@ from typing import Any
 from searchbench.layout import FRACTIONS, SEARCHERS
 
 TARGET_SHARE = 0.95
+# Felix's milestones (its Table 2): the time each searcher needs to come within 90%, 95% and
+# 99% of the best performance reached in the whole search.
+MILESTONES = (0.90, 0.95, 0.99)
 OVERRUN_LIMIT_PCT = 5.0
 
 
@@ -233,6 +237,23 @@ def analyse_model(
         (e["t95_median_s"], e["t95_median_bound"]), (g["t95_median_s"], g["t95_median_bound"])
     )
     span, span_bounded = ratio_range(by["evolutionary"], by["gradient"], budget)
+    milestones = {}
+    for share in MILESTONES:
+        times = {
+            searcher: [time_to(best_curve(r, budget), best / share) if best else None
+                       for r in results if r["searcher"] == searcher]
+            for searcher in SEARCHERS
+        }  # fmt: skip
+        medians = {k: median_with_bound(v, budget) for k, v in times.items()}
+        value, mark = ratio_with_bound(medians["evolutionary"], medians["gradient"])
+        milestones[f"{round(share * 100)}"] = {
+            "ratio": round(value, 3) if value is not None else None,
+            "kind": mark,
+            **{f"{k}_median_s": _round(m[0], 1) for k, m in medians.items()},
+            **{f"{k}_median_bound": m[1] for k, m in medians.items()},
+            **{f"{k}_reached": f"{sum(t is not None for t in v)}/{len(v)}"
+               for k, v in times.items()},
+        }  # fmt: skip
     e2e_ratio, e2e_range = {}, {}
     for label in _fraction_labels():
         # Both untuned: the same program twice, the ratio would be timing noise.
@@ -261,6 +282,7 @@ def analyse_model(
         "t95_bound": kind != "=",
         "t95_ratio_range": span,
         "t95_ratio_range_bounded": span_bounded,
+        "milestones": milestones,
         "e2e_ratio": e2e_ratio,
         "e2e_ratio_at_budget": e2e_ratio["100"],
         # The spread of that ratio over the timing passes (one pass: [r, r]).

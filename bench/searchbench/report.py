@@ -150,6 +150,10 @@ def summary_line(data: dict[str, Any]) -> dict[str, Any]:
             "t95_bound": m.get("t95_bound", True),
             "e2e_ratio_at_budget": m.get("e2e_ratio_at_budget"),
             "e2e_ratio_at_budget_passes": m.get("e2e_ratio_at_budget_passes"),
+            "milestone_ratios": {
+                k: {"ratio": x["ratio"], "bound": x["kind"] != "="}
+                for k, x in m.get("milestones", {}).items()
+            },
             "leaked_workloads": m.get("leaked_workloads"),
             "repeats": m.get("repeats", 0),
         }
@@ -243,6 +247,28 @@ def table_rows(view: dict[str, dict[str, Any]], failed: dict[str, str]) -> list[
     for name, error in failed.items():
         rows.append(f"| {name} | failed: {error.splitlines()[-1][:200]} |" + " |" * 12)
     return rows
+
+
+def milestone_rows(view: dict[str, dict[str, Any]]) -> list[str]:
+    """Felix's milestones: time to 90 / 95 / 99% of the best-known, per searcher (medians)."""
+    rows = [
+        "",
+        "## Milestones: seconds to 90 / 95 / 99% of the best-known estimate (medians, runs "
+        "that got there)",
+        "",
+        "| model | milestone | grad s (reached) | evo s (reached) | ratio evo/grad |",
+        "|" + "---|" * 5,
+    ]
+    for name, m in view.items():
+        for label, x in m.get("milestones", {}).items():
+            rows.append(
+                f"| {name} | {label}% | "
+                f"{_seconds(x['gradient_median_s'], x['gradient_median_bound'])} "
+                f"({x['gradient_reached']}) | "
+                f"{_seconds(x['evolutionary_median_s'], x['evolutionary_median_bound'])} "
+                f"({x['evolutionary_reached']}) | {_ratio(x['ratio'], x['kind'])} |"
+            )
+    return rows if len(rows) > 5 else []
 
 
 def sweep_rows(data: dict[str, Any]) -> list[str]:
@@ -345,6 +371,7 @@ def markdown(data: dict[str, Any]) -> str:
             "there is one, is the first batches' random draws, and a fourth their best-ranked "
             "draws): " + ", ".join(_found_by(n, b) for n, b in found.items())
         )
+    lines += milestone_rows(view)
     lines += sweep_rows(data)
     if data["failed_runs"]:
         lines += ["", "Failed runs (left out of the numbers):"]

@@ -73,7 +73,6 @@ def replay_dir(run_dir: Path, share: float, top_k: int) -> Path:
 
 def replay_run(layout: Layout, result: dict[str, Any], share: float, top_k: int) -> dict:
     """Cut, confirm, compile and export one run; its record (kept in the replay's folder)."""
-    from gradtune import compilation
     from gradtune.measure.builder import make_builder
     from gradtune.measure.confirm import confirm
     from gradtune.measure.runner import MeasureSettings, make_rpc_runner
@@ -105,10 +104,8 @@ def replay_run(layout: Layout, result: dict[str, Any], share: float, top_k: int)
         finally:
             runner.pool.shutdown()
             builder.shutdown()
-    executable = compilation.build(fused, target, compile_database(folder))
-    outputs = compilation.Runner(executable, target, imported.inputs).outputs()
-    error = compilation.verify(outputs, imported.reference_outputs, "confirmed build")
-    library = compilation.export(executable, run_dir / f"{folder.name}.so")
+    library = run_dir / f"{folder.name}.so"
+    error = api.build_verify_export(imported, fused, target, compile_database(folder), library)
     record = {
         "run_id": result["run_id"],
         "searcher": result["searcher"],
@@ -140,7 +137,7 @@ def with_recorded(layout: Layout, result: dict[str, Any], record: dict, folder: 
         _config, target = api.host_target()
         imported = api.import_model(MODELS[result["model"]].tuning_file(layout.work))
         fused, _ = api.partition_model(imported, target)
-        api.build_verify_export(imported, fused, target, folder, library)
+        api.build_verify_export(imported, fused, target, api.open_database(folder), library)
         record = {**record, "library_recorded": library.name}
     write_json(folder / "confirm_replay.json", record)
     return record

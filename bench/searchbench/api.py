@@ -246,14 +246,13 @@ def open_database(path: Path) -> Any:
     return run_database(path)
 
 
-def build_verify_export(
-    model: Any, fused: Any, target: Any, database_dir: Path, out: Path
-) -> float:
-    """Compile with the schedules in ``database_dir``, check the outputs against the source
-    framework's, write the shared library; returns the max abs error."""
+def build_verify_export(model: Any, fused: Any, target: Any, database: Any, out: Path) -> float:
+    """Compile with the schedules in ``database`` (``open_database``, or a run's confirmed
+    winners), check the outputs against the source framework's, write the shared library;
+    returns the max abs error."""
     from gradtune import compilation
 
-    executable = compilation.build(fused, target, open_database(database_dir))
+    executable = compilation.build(fused, target, database)
     runner = compilation.Runner(executable, target, model.inputs)
     error = compilation.verify(runner.outputs(), model.reference_outputs, str(out.name))
     compilation.export(executable, out)

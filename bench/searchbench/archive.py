@@ -130,6 +130,5 @@ def _rebuild(work: Path, run_dir: Path, result: dict[str, Any], target: Any) -> 
     for label, build in result.get("builds", {}).items():
         if "library" not in build:
             continue
-        api.build_verify_export(
-            imported, fused, target, run_dir / f"db_at_{label}", run_dir / build["library"]
-        )
+        database = api.open_database(run_dir / f"db_at_{label}")
+        api.build_verify_export(imported, fused, target, database, run_dir / build["library"])

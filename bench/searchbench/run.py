@@ -158,7 +158,7 @@ def builds_at_fractions(
             database = shipped_database(run_dir, records, f"db_at_{label}")
             library = run_dir / f"model_at_{label}.so"
             entry["max_abs_err"] = api.build_verify_export(
-                imported, fused, target, database, library
+                imported, fused, target, api.open_database(database), library
             )
             entry["library"] = library.name
         except Exception as err:  # a wrong schedule or a failed build: recorded, not fatal

@@ -110,7 +110,7 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
         shutil.copyfile(db / TASK_TABLE, database / TASK_TABLE)
         library_file = run_dir / f"model_at_{FINAL}.so"
         build["max_abs_err"] = api.build_verify_export(
-            imported, fused, target, database, library_file
+            imported, fused, target, api.open_database(database), library_file
         )
         build["library"] = library_file.name
     except Exception as err:  # a wrong schedule or a failed build: recorded, not fatal

@@ -111,14 +111,15 @@ def confirm(
     start = time.perf_counter()
     result = Confirmation(records_at=len(database))
     picks: dict[str, Any] = {}  # task name -> the record that ships
-    order = sorted(tasks, key=lambda t: -t.weight * _recorded_us(database, t))
+    found = {t.name: _candidates(database, t, top_k) for t in tasks if database.has_workload(t.mod)}
+    # Largest first (weight × recorded best): a deadline cuts the tasks that matter least.
+    order = sorted(
+        (t for t in tasks if found.get(t.name)),
+        key=lambda t: -t.weight * median_seconds(found[t.name][0].run_secs),
+    )
     last_s = 0.0
     for task in order:
-        if not database.has_workload(task.mod):
-            continue
-        candidates = _candidates(database, task, top_k)
-        if not candidates:
-            continue
+        candidates = found[task.name]
         picks[task.name] = candidates[0]
         now = time.perf_counter()
         cut = deadline is not None and now + last_s > deadline
@@ -141,13 +142,6 @@ def confirm(
     result.seconds = time.perf_counter() - start
     _write(out_dir, picks, result)
     return result
-
-
-def _recorded_us(database: Any, task: TuningTask) -> float:
-    if not database.has_workload(task.mod):
-        return 0.0
-    top = database.get_top_k(database.commit_workload(task.mod), 1)
-    return 1e6 * median_seconds(top[0].run_secs) if top else 0.0
 
 
 def _candidates(database: Any, task: TuningTask, top_k: int) -> list[Any]:

@@ -264,8 +264,8 @@ def analyse_model(
             [f"{r['run_id']}@{label}" for r in by[s] if r["e2e_ms"][label] is not None]
             for s in ("gradient", "evolutionary")
         )
-        # Only the passes that timed every library compared (all of them, unless a record
-        # was cut short): a ratio within a pass is what the passes agree on.
+        # A ratio needs both sides from one pass: only the passes that timed every library
+        # compared count (all of them, unless a run finished after the timing was made).
         full = [p for p in timing if all(k in p for k in grad + evo)]
         if not (grad and evo and full):
             e2e_ratio[label] = e2e_range[label] = None

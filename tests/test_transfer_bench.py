@@ -80,6 +80,17 @@ def test_share_of_full_speedup_is_the_share_of_the_gain_and_none_within_noise(tm
     timing["full-r0@100"] = 2.99  # full tuning gained nothing measurable
     layout.timing("m").write_text(json.dumps({"ms": timing}))
     assert model_metrics(layout, "m")["fraction_of_full_speedup"] is None
+    # In passes, the share is taken within each: a pass twice as slow throughout still says
+    # half, and one pass where the transfer's library ran slow says 0; the median is 0.5
+    # (the medians over passes, 3 / 1 / 3 ms, would have said 0).
+    passes = [
+        {"untuned-r0@100": 3.0, "full-r0@100": 1.0, "transfer-r0@100": 1.5},
+        {"untuned-r0@100": 6.0, "full-r0@100": 2.0, "transfer-r0@100": 3.0},
+        {"untuned-r0@100": 3.0, "full-r0@100": 1.0, "transfer-r0@100": 3.0},
+    ]
+    medians = {"untuned-r0@100": 3.0, "full-r0@100": 1.0, "transfer-r0@100": 3.0}
+    layout.timing("m").write_text(json.dumps({"ms": medians, "passes": passes}))
+    assert model_metrics(layout, "m")["fraction_of_full_speedup"] == pytest.approx(0.5)
 
 
 def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):

@@ -5,8 +5,9 @@
     process):
     - ``fraction_of_full_speedup``: the share of full tuning's gain over untuned that the
       transfer reaches, (untuned/transfer − 1) / (untuned/full − 1): 0 is untuned, 1 is full
-      tuning. None when full tuning gained no more than timing noise (``NOISE``): a share
-      of nothing measurable is noise too;
+      tuning. Computed within each timing pass (``searchbench.timing``: the libraries of a
+      pass share its conditions) and its median over the passes taken. None when full tuning
+      gained no more than timing noise (``NOISE``): a share of nothing measurable is noise too;
     - ``time_ratio``: full tuning's wall time over the transfer's (library read, Eq. 1 and
       every transferred schedule measured included).
 (b) Warm start against cold tuning (the same ``full`` runs), per repeat: cold's final
@@ -24,6 +25,7 @@ import statistics
 from typing import Any
 
 from searchbench.layout import RunSpec
+from searchbench.timing import passes_of
 
 from transferbench.layout import FINAL, FULL, TRANSFER, UNTUNED, WARM, TransferLayout
 
@@ -62,21 +64,28 @@ def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
     results = {r["run_id"]: r for r in layout.results(model)}
     ok = {rid: r for rid, r in results.items() if "error" not in r}
     timing_path = layout.timing(model)
-    ms = json.loads(timing_path.read_text())["ms"] if timing_path.is_file() else {}
+    record = json.loads(timing_path.read_text()) if timing_path.is_file() else None
+    passes = passes_of(record) if record else []
 
     def runs(kind: str) -> list[dict[str, Any]]:
         return sorted((r for r in ok.values() if r["searcher"] == kind), key=lambda r: r["repeat"])
 
-    def latency(kind: str) -> list[float]:
-        return [ms[f"{r['run_id']}@{FINAL}"] for r in runs(kind) if f"{r['run_id']}@{FINAL}" in ms]
+    def latency(kind: str, ms: dict[str, float]) -> float | None:
+        """The median over ``kind``'s runs of their libraries' ms in one pass (or record)."""
+        return _median([ms[f"{r['run_id']}@{FINAL}"] for r in runs(kind)
+                        if f"{r['run_id']}@{FINAL}" in ms])  # fmt: skip
 
-    untuned = _median(latency(UNTUNED))
-    full = _median(latency(FULL))
-    transfer = _median(latency(TRANSFER))
-    warm = _median(latency(WARM))
+    medians = record["ms"] if record else {}
+    untuned, full, transfer, warm = (latency(k, medians) for k in (UNTUNED, FULL, TRANSFER, WARM))
+    shares, gains = [], []
+    for ms in passes:
+        u, f, t = (latency(k, ms) for k in (UNTUNED, FULL, TRANSFER))
+        if u and f and t:
+            gains.append(u / f)
+            shares.append((u / t - 1) / (u / f - 1) if u != f else math.nan)
     fraction = None
-    if untuned and full and transfer and untuned / full > 1 + NOISE:
-        fraction = (untuned / transfer - 1) / (untuned / full - 1)
+    if gains and statistics.median(gains) > 1 + NOISE:
+        fraction = statistics.median(x for x in shares if math.isfinite(x))
     full_wall = _median([r["wall_s"] for r in runs(FULL)])
     transfer_runs = runs(TRANSFER)
     transfer_wall = transfer_runs[0]["wall_s"] if transfer_runs else None

@@ -21,10 +21,10 @@ Protocol (the parts live in bench/searchbench/):
    are its state at that time). Actual wall time and overrun are reported, > 5% flagged.
 5. **Metrics** (``searchbench.analysis``): time to 95% of the best-known estimated latency
    (median over repeats, ratio evo/grad, bounds marked and never averaged), and to 90% and
-   99% (Felix's milestones); end-to-end
-   latency at ¼, ½ and all of B (compiled from the truncated database, outputs verified, all
-   of a model's libraries timed interleaved in one process, in passes, each ratio taken
-   within a pass: ``searchbench.timing``); trials per minute.
+   99% (Felix's milestones); end-to-end latency at ¼, ½ and all of B (compiled from the
+   truncated database, outputs verified, all of a model's libraries timed interleaved in one
+   process, in passes, each ratio taken within a pass: ``searchbench.timing``); trials per
+   minute.
 
     .venv/bin/python bench/search_efficiency.py [--budget 300] [--repeats 3] [--models ...]
     nohup .venv/bin/python bench/search_efficiency.py > /tmp/search_efficiency.log 2>&1 &
@@ -44,8 +44,7 @@ Writes ``--out``/search_efficiency.{md,json} and search_efficiency_<model>.png (
 PARTIAL until every run finished); the last line printed is the JSON summary
 ``{"models": {name: {"t95_ratio", "t95_ratio_range", "t95_bound", "e2e_ratio_at_budget",
 "e2e_ratio_at_budget_passes", "milestone_ratios", "leaked_workloads", "repeats"}},
-"geomean_t95_ratio",
-"geomean_e2e_ratio_at_budget", "partial", "commit", "failed_models"}``.
+"geomean_t95_ratio", "geomean_e2e_ratio_at_budget", "partial", "commit", "failed_models"}``.
 """
 
 from __future__ import annotations

@@ -238,10 +238,11 @@ def analyse_model(
     )
     span, span_bounded = ratio_range(by["evolutionary"], by["gradient"], budget)
     milestones = {}
+    curves = [(r["searcher"], best_curve(r, budget)) for r in results]
     for share in MILESTONES:
         times = {
-            searcher: [time_to(best_curve(r, budget), best / share) if best else None
-                       for r in results if r["searcher"] == searcher]
+            searcher: [time_to(curve, best / share) if best else None
+                       for side, curve in curves if side == searcher]
             for searcher in SEARCHERS
         }  # fmt: skip
         medians = {k: median_with_bound(v, budget) for k, v in times.items()}

@@ -140,7 +140,7 @@ def test_timing_is_redone_when_a_library_under_a_timed_label_changes(tmp_path):
 def test_end_to_end_ratio_is_taken_within_each_timing_pass():
     """One library's latency can move by tens of percent between timing passes of one process:
     the ratio at the budget is the median of the ratios within each pass (here 2.0), not the
-    ratio of medians over passes (1.5), and a record with fewer passes is timed again."""
+    ratio of medians over passes (1.5); each library's ms is its median over the passes."""
     from searchbench.analysis import analyse_model
 
     def run(searcher: str) -> dict:

@@ -291,6 +291,64 @@ def test_explorer_sits_out_a_batch_the_time_left_cannot_cover(llvm_target, small
     assert session.batch_s not in (0.0, 3.0), "the batch just measured, timed"
 
 
+def test_explorer_population_halves_above_its_share_of_the_run_and_doubles_far_below():
+    """``explorer_time_share``: the population steps by powers of two within its bounds, and
+    stays where it is while the evolutions' share of the run is near the target."""
+    from gradtune.search.gradient_search import EXPLORER_MIN_POPULATION, resized_population
+    from gradtune.search.session import DUTY_WINDOW, Session
+
+    assert resized_population(512, 0.6, 0.25, 512) == 256
+    assert resized_population(EXPLORER_MIN_POPULATION, 0.9, 0.25, 512) == EXPLORER_MIN_POPULATION
+    assert resized_population(128, 0.05, 0.25, 512) == 256
+    assert resized_population(512, 0.05, 0.25, 512) == 512
+    assert resized_population(256, 0.2, 0.25, 512) == 256, "between half the share and it"
+    assert resized_population(256, None, 0.25, 512) == 256, "too few evolutions to judge"
+    session = Session()
+    assert session.explorer_duty() is None
+    session.evolved(0.0, 3.0)
+    assert session.explorer_duty() is None
+    session.evolved(9.0, 10.0)
+    assert session.explorer_duty() == pytest.approx(4.0 / 10.0)
+    for start in range(DUTY_WINDOW):  # only the latest DUTY_WINDOW evolutions count
+        session.evolved(100.0 + 10 * start, 101.0 + 10 * start)
+    assert session.explorer_duty() == pytest.approx(DUTY_WINDOW / (10.0 * DUTY_WINDOW - 9.0))
+
+
+def test_explorer_is_rebuilt_at_the_population_its_share_of_the_run_allows(
+    llvm_target, small_cnn_conv
+):
+    """An evolution that follows evolutions taking most of the run halves the population, and
+    the task's next evolution runs at it (its round says so); after evolutions that took
+    little of the run it doubles back, never past ``explorer_population``."""
+    import time
+
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    config = GradientConfig(seeds=4, steps=4, explorer_population=128, random_warmup=False,
+                            build_at_first_batch=False, explorer_time_share=0.5)  # fmt: skip
+    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
+                      ms.cost_model.XGBModel())  # fmt: skip
+    assert search._population == 128
+    now = time.perf_counter()
+    session.evolved(now - 100.0, now - 10.0)  # 90 of the last 100 s evolving
+    candidates = search.generate_measure_candidates()
+    assert search._explored >= 1 and session.explorer_population == 64
+    results = [ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None)] * len(candidates)
+    search.notify_runner_results(candidates, results)
+    assert session.take(small_cnn_conv.name).explorer_population == 128, "evolved at 128"
+    session.evolutions.clear()
+    now = time.perf_counter()
+    session.evolved(now - 1000.0, now - 999.0)  # 1 s of the last 1000
+    candidates = search.generate_measure_candidates()
+    assert search._population == 64, "rebuilt at the halved population before evolving"
+    assert session.explorer_population == 128
+    search.notify_runner_results(candidates, results[: len(candidates)])
+    assert session.take(small_cnn_conv.name).explorer_population == 64
+
+
 def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, small_cnn_conv):
     """``explorer_in_warmup=False``: a task with nothing in the database gets its first batch
     from the descent, 1 in 8 of it drawn at random (``explore``), because the scheduler's

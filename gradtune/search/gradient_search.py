@@ -37,6 +37,24 @@ log = logging.getLogger("gradtune.search")
 # Programs MetaSchedule's XGBoost must be trained on before it predicts rather than scores at
 # random (its ``num_warmup_samples``, 100 by default, which ``tune`` keeps).
 RANKER_TRAINED_AT = 100
+# Bounds of the explorer's population under ``explorer_time_share``: below 64 an evolution has
+# too few programs to mutate from to be worth its round; the ceiling is ``explorer_population``.
+EXPLORER_MIN_POPULATION = 64
+
+
+def resized_population(population: int, duty: float | None, share: float, ceiling: int) -> int:
+    """The explorer's next population (``GradientConfig.explorer_time_share``): halved while
+    its evolutions take more than ``share`` of the run's time (``duty``), doubled while they
+    take less than half of it, within [``EXPLORER_MIN_POPULATION``, ``ceiling``]. Powers of
+    two from the ceiling, so it settles instead of chasing every round's noise."""
+    floor = min(EXPLORER_MIN_POPULATION, ceiling)
+    if duty is None:
+        return population
+    if duty > share:
+        return max(floor, population // 2)
+    if duty < share / 2:
+        return min(ceiling, population * 2)
+    return population
 
 
 class GradientConfig(NamedTuple):
@@ -103,6 +121,17 @@ class GradientConfig(NamedTuple):
         (8 programs per pick); the explorer picks ``evolved`` of a batch, 12 of the CLI's 25.
         On mbconv_se's four largest tasks an explorer round took 13.0 s at 512 and 3.9 s at
         128, the descent beside it 1.8 s: at 512 the explorer is most of the search's time.
+    explorer_time_share : float, default 0.0
+        Above 0: the explorer's population follows the run's clock instead of staying at
+        ``explorer_population``. After each evolution, the share of wall time the run's latest
+        evolutions took (``Session.explorer_duty``) is compared with this share: above it the
+        population halves, below half of it the population doubles, between
+        ``EXPLORER_MIN_POPULATION`` and ``explorer_population``. Why: an evolution costs time
+        in proportion to its population and to how slow the CPU is at it, which varies between
+        machines more than what its programs are worth. On an Emerald Rapids Xeon (2 cores) a
+        round's evolution at 512 took 35–57 s, most of a round on the search benchmark's
+        squeeze_fire, while the descent beside it took 2–4 s and found most of the tasks'
+        final bests; on a Zen 4 an evolution took a fraction of that.
     explorer_in_warmup : bool, default True
         Whether the explorer fills its share of a task's first batch of the run
         (``random_warmup``, when on, takes that share first). Its population then has at most
@@ -213,6 +242,7 @@ class GradientConfig(NamedTuple):
     evolutionary_explore: bool = True
     evolved: float = 0.5
     explorer_population: int = 512
+    explorer_time_share: float = 0.0
     explorer_in_warmup: bool = True
     random_warmup: bool = True
     ranked_warmup: int = 256
@@ -267,6 +297,10 @@ class GradientSearch(ReportingStrategy):
             raise ValueError(
                 f"acquisition must be 'score' or 'ei', not {self.config.acquisition!r}"
             )
+        if not 0.0 <= self.config.explorer_time_share < 1.0:
+            raise ValueError(
+                f"explorer_time_share must be in [0, 1), not {self.config.explorer_time_share}"
+            )
         if self.config.explorer_every < 1:
             raise ValueError(f"explorer_every must be at least 1, not {self.config.explorer_every}")
         if self.config.needs_ensemble and len(self.cost_model.members) < 2:
@@ -279,6 +313,8 @@ class GradientSearch(ReportingStrategy):
         self.sketches: list[SymbolicSketch] = []
         self.fallback: Any = None
         self.explorer: Any = None  # EvolutionarySearch filling the explore share
+        self._explorer_args: tuple = ()  # its pre_tuning arguments, to rebuild it resized
+        self._population = 0  # its population
         self.ranker: Any = None  # the task scheduler's cost model (``ranked_warmup``)
         # pre_tuning's arguments while the task's setup waits for its first batch
         # (``build_at_first_batch``).
@@ -381,13 +417,21 @@ class GradientSearch(ReportingStrategy):
             size = self._explore_count(self.per_iter, share)
             if size > 0:
                 self._design_spaces = list(design_spaces)
-                self.explorer = ms.search_strategy.EvolutionarySearch(
-                    population_size=cfg.explorer_population
-                )
-                self.explorer._initialize_with_tune_context(self.context)
-                self.explorer.pre_tuning(max_trials, size, design_spaces, database,
-                                         cost_model)  # fmt: skip
+                self._explorer_args = (max_trials, size, design_spaces, database, cost_model)
+                self._build_explorer(self.session.explorer_population or cfg.explorer_population)
         self._explore_share = self.config.evolved if self.explorer else self.config.explore
+
+    def _build_explorer(self, population: int) -> None:
+        """A fresh explorer of ``population``. MetaSchedule's ``EvolutionarySearch`` fixes its
+        population when built, and keeps nothing across rounds that a new one lacks: every
+        evolution starts from the database's fastest programs, and what was measured is
+        filtered here (``_unmeasured``)."""
+        if self.explorer is not None:
+            self.explorer.post_tuning()
+        self.explorer = ms.search_strategy.EvolutionarySearch(population_size=population)
+        self.explorer._initialize_with_tune_context(self.context)
+        self.explorer.pre_tuning(*self._explorer_args)
+        self._population = population
 
     def post_tuning(self) -> None:
         for strategy in (self.fallback, self.explorer):
@@ -497,9 +541,19 @@ class GradientSearch(ReportingStrategy):
         """The explorer's candidates of this round (it makes as many as it was sized for)."""
         if count <= 0:
             return []
+        session, cfg = self.session, self.config
+        if session.explorer_population and session.explorer_population != self._population:
+            self._build_explorer(session.explorer_population)
         start = time.perf_counter()
         found = list(self.explorer.generate_measure_candidates() or [])
-        self.session.explorer_s = time.perf_counter() - start
+        end = time.perf_counter()
+        session.explorer_s = end - start
+        if cfg.explorer_time_share > 0:
+            session.evolved(start, end)
+            session.explorer_population = resized_population(
+                self._population, session.explorer_duty(), cfg.explorer_time_share,
+                cfg.explorer_population,
+            )  # fmt: skip
         return found
 
     def _random_programs(self, count: int) -> list[Any]:
@@ -594,6 +648,7 @@ class GradientSearch(ReportingStrategy):
                 finetune_loss=loss,
                 dropped_seeds=self.summary.nan_seeds,
                 evolved=self._explored,
+                explorer_population=self._population if self._explored and not self._sampled else 0,
                 sampled=self._sampled,
                 ranked=self._ranked,
                 explore_share=self._explore_share,

@@ -14,12 +14,17 @@ from __future__ import annotations
 
 import math
 import time
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
 from gradtune.stop import StopSignal
+
+# Evolutions ``Session.explorer_duty`` looks back over: enough to span a few rounds of several
+# tasks, few enough to follow the run as its kernels and batches change.
+DUTY_WINDOW = 4
 
 
 @dataclass
@@ -48,6 +53,8 @@ class SearchRound:
     evolved : int, default 0
         Candidates of the batch chosen by the evolutionary explorer
         (``GradientConfig.evolutionary_explore``), not by the descent.
+    explorer_population : int, default 0
+        The population of the evolution that chose them (0: no evolution in this batch).
     sampled : bool, default False
         Whether the explorer's share of this batch was drawn at random from the design space
         (``GradientConfig.random_warmup``, a task's first batch of the run) instead of evolved.
@@ -77,6 +84,7 @@ class SearchRound:
     finetune_loss: float
     dropped_seeds: int
     evolved: int = 0
+    explorer_population: int = 0
     sampled: bool = False
     ranked: bool = False
     explore_share: float = math.nan
@@ -184,6 +192,11 @@ class Session:
         Seconds the run's latest explorer evolution took.
     batch_s : float, default 0.0
         Seconds from handing the run's latest batch over to being told its measurements.
+    explorer_population : int, default 0
+        The population every task's explorer evolves with next
+        (``GradientConfig.explorer_time_share``; 0: each keeps its configured one).
+    evolutions : deque of (float, float)
+        ``time.perf_counter()`` start and end of the run's latest ``DUTY_WINDOW`` evolutions.
     """
 
     stop: StopSignal = field(default_factory=StopSignal)
@@ -197,6 +210,21 @@ class Session:
     deadline: float | None = None
     explorer_s: float = 0.0
     batch_s: float = 0.0
+    explorer_population: int = 0
+    evolutions: deque = field(default_factory=lambda: deque(maxlen=DUTY_WINDOW))
+
+    def evolved(self, start: float, end: float) -> None:
+        """Record one explorer evolution (any task's)."""
+        self.evolutions.append((start, end))
+
+    def explorer_duty(self) -> float | None:
+        """The share of wall time the latest evolutions took, from the first one's start to
+        the last one's end (None before two)."""
+        if len(self.evolutions) < 2:
+            return None
+        span = self.evolutions[-1][1] - self.evolutions[0][0]
+        busy = sum(end - start for start, end in self.evolutions)
+        return busy / span if span > 0 else None
 
     def time_left(self) -> float:
         """Seconds until the time budget ends (inf without one)."""

@@ -129,9 +129,13 @@ class GradientConfig(NamedTuple):
         ``EXPLORER_MIN_POPULATION`` and ``explorer_population``. Why: an evolution costs time
         in proportion to its population and to how slow the CPU is at it, which varies between
         machines more than what its programs are worth. On an Emerald Rapids Xeon (2 cores) a
-        round's evolution at 512 took 35–57 s, most of a round on the search benchmark's
-        squeeze_fire, while the descent beside it took 2–4 s and found most of the tasks'
-        final bests; on a Zen 4 an evolution took a fraction of that.
+        round's evolution at 512 took 35–57 s on the search benchmark's squeeze_fire, while
+        the descent beside it took 2–4 s and found most of the tasks' final bests, and a fixed
+        population of 128 was level (squeeze_fire) and 1.15× faster end to end (mbconv_se) at
+        480 s; on a Zen 5 an evolution took ~13 s, and 128 made bert_block slower, its largest
+        matmul short of programs scored per round
+        (``bench/results/search_efficiency_emeraldrapids_explorer_population128.md``). This
+        rule itself has not been benchmarked yet.
     explorer_in_warmup : bool, default True
         Whether the explorer fills its share of a task's first batch of the run
         (``random_warmup``, when on, takes that share first). Its population then has at most

@@ -22,10 +22,17 @@ per run, from nothing, updated on every batch after scoring it, on TVM's own fea
 model the hybrid's explorer follows rank a held-out model's batches better than the MLP its
 descent follows? Each row is also broken down per model.
 
+``--pretrain-fractions`` asks instead whether more pretraining data would help: one row per
+share F of the dataset's workloads (drawn at random, ``--fraction-seeds`` draws each; F = 0 is
+the untrained network), pretrained like the benchmark's leave-out weights on that share minus
+the model's own workloads, then replayed with the default fine-tune. ``spearman_first`` is the
+median over each workload's first batch of a run, where nothing but the pretraining speaks.
+
 Each run starts from the weights pretrained without its model (the benchmark's leave-out
 weights named in ``prepared/<model>.json``), so nothing leaks. The last line is one JSON object.
 
     python bench/online_finetune.py --work bench/work --budget 480
+    python bench/online_finetune.py --work bench/work --budget 480 --pretrain-fractions 0 0.25 0.5 1
 """
 
 from __future__ import annotations
@@ -135,17 +142,57 @@ def replay_xgb(batches: list[Any]) -> list[dict[str, float]]:
     return rows
 
 
+def fraction_groups(groups: list[Any], excluded: set[str], fraction: float, seed: int) -> list[Any]:
+    """A random ``fraction`` of the groups whose workload is not ``excluded`` (at least one
+    when ``fraction`` > 0), the same draw for the same seed."""
+    import random
+
+    kept = [g for g in groups if g.name not in excluded]
+    if fraction <= 0:
+        return []
+    return random.Random(seed).sample(kept, max(1, round(fraction * len(kept))))
+
+
+def fraction_weights(
+    base: Path, tag: str, groups: list[Any], excluded: set[str], fraction: float, seed: int
+) -> Path:
+    """Weights pretrained (params.yaml's ``pretrain``, seed ``seed``) on ``fraction_groups``;
+    F = 0: the untrained network of that seed. Cached under ``base``/costmodels by ``tag``
+    (the model and the features file)."""
+    import torch
+    from searchbench import api
+    from searchbench.prepare import pretrain_params
+
+    from gradtune.costmodel.model import FelixMLP
+    from gradtune.costmodel.pretrain import write_weights
+
+    weights = base / "costmodels" / f"fraction{fraction:g}-seed{seed}-{tag}.pt"
+    if weights.is_file():
+        return weights
+    weights.parent.mkdir(parents=True, exist_ok=True)
+    params = {**pretrain_params(), "seed": seed}
+    chosen = fraction_groups(groups, excluded, fraction, seed)
+    if chosen:
+        api.pretrain_leaving_out(chosen, set(), params, weights)
+    else:
+        torch.manual_seed(seed)
+        write_weights(FelixMLP(), weights)
+    return weights
+
+
 def replay(batches: list[Any], weights: Path, epochs: int, lr: float) -> list[dict[str, float]]:
     from gradtune.costmodel import model as mlp
     from gradtune.costmodel.online import OnlineCostModel
     from gradtune.costmodel.train import predict
 
     online = OnlineCostModel(mlp.load(weights), str(weights), epochs=epochs, lr=lr)
-    rows = []
+    rows, seen = [], set()
     for data in batches:
         latencies = np.asarray(data.latencies)
         if len(latencies) >= 3:
             rows.append(_row(predict(online.model, data.symbolic), latencies))
+            rows[-1]["first"] = data.key not in seen
+        seen.add(data.key)
         start = time.perf_counter()
         if epochs > 0:
             online.observe(data.key, list(data.symbolic), list(latencies))
@@ -160,12 +207,40 @@ def _summary(rows: list[dict[str, float]]) -> dict[str, float]:
                 "finetune_ms_mean": math.nan, "batches": 0}  # fmt: skip
     regret = np.exp(np.mean([np.log(r["regret"]) for r in rows]))
     finetune_ms = 1e3 * float(np.mean([r.get("finetune_s", 0.0) for r in rows]))
+    first = [r["spearman"] for r in rows if r.get("first")]
     return {
         "spearman_median": round(float(np.median([r["spearman"] for r in rows])), 3),
+        "spearman_first_median": round(float(np.median(first)), 3) if first else math.nan,
         "top1_regret_geomean": round(float(regret), 3),
         "finetune_ms_mean": round(finetune_ms, 1),
         "batches": len(rows),
     }
+
+
+def fractions_of(
+    base: Path, models: list[str], fractions: list[float], seeds: int
+) -> dict[tuple[str, str], Path]:
+    """(row name, model) → the weights of ``--pretrain-fractions``, each model's own
+    workloads left out as the benchmark leaves them out (``searchbench.prepare``)."""
+    sys.path.insert(0, str(ROOT / "bench"))
+    from searchbench import api
+    from searchbench.models import MODELS
+    from searchbench.prepare import excluded_workloads, features_path, file_sha1
+
+    groups = api.training_groups(features_path())
+    features_tag = file_sha1(features_path())[:10]
+    manifest = api.manifest_workloads(ROOT / "data")
+    out = {}
+    for model in models:
+        keys = json.loads((base / "prepared" / f"{model}.json").read_text())["task_keys"]
+        excluded, _, _ = excluded_workloads(MODELS[model], keys, manifest)
+        for f in fractions:
+            for seed in range(seeds if 0 < f < 1 else 1):
+                tag = f"{model}-{features_tag}"
+                path = fraction_weights(base, tag, groups, excluded, f, seed)
+                out[(f"data{f:g}_seed{seed}", model)] = path
+                print(f"{model}: weights of data share {f:g}, seed {seed}: {path}", file=sys.stderr)
+    return out
 
 
 def main() -> int:
@@ -175,6 +250,11 @@ def main() -> int:
     parser.add_argument("--models", nargs="+", default=["mbconv_se", "unet_small", "bert_block"])
     parser.add_argument("--settings", nargs="+", choices=[s[0] for s in SETTINGS],
                         help="fine-tuning settings to replay (default: all)")  # fmt: skip
+    parser.add_argument("--pretrain-fractions", nargs="+", type=float, metavar="F",
+                        help="rows of pretraining on a share F of the dataset instead of the "
+                        "fine-tuning settings (0: untrained)")  # fmt: skip
+    parser.add_argument("--fraction-seeds", type=int, default=2, metavar="N",
+                        help="random draws per share below 1 (default 2)")  # fmt: skip
     parser.add_argument("--no-xgb", dest="xgb", action="store_false",
                         help=f"leave out the {XGB} row (it replays every trace again)")  # fmt: skip
     args = parser.parse_args()
@@ -206,11 +286,15 @@ def main() -> int:
     results = {}
     models = list(dict.fromkeys(m for m, _, _, _ in runs))
     print(
-        f"{'setting':<18} {'spearman':>9} {'top1_regret':>12} {'finetune_ms':>12} {'batches':>8}"
-        + "".join(f" {'rho ' + m:>16}" for m in models)
+        f"{'setting':<18} {'spearman':>9} {'first':>7} {'top1_regret':>12} {'finetune_ms':>12}"
+        f" {'batches':>8}" + "".join(f" {'rho ' + m:>16}" for m in models)
     )
     settings = [s for s in SETTINGS if s[0] in args.settings] if args.settings else SETTINGS
-    if args.xgb:
+    if args.pretrain_fractions is not None:
+        settings = [(f"data{f:g}_seed{seed}", *SETTINGS[0][1:]) for f in args.pretrain_fractions
+                    for seed in range(args.fraction_seeds if 0 < f < 1 else 1)]  # fmt: skip
+        weights_of = fractions_of(base, models, args.pretrain_fractions, args.fraction_seeds)
+    elif args.xgb:
         settings = [*settings, (XGB, 0, 0.0)]
     for name, epochs, lr in settings:
         per_model: dict[str, list[dict[str, float]]] = {m: [] for m in models}
@@ -218,13 +302,16 @@ def main() -> int:
             if name == XGB:
                 per_model[model] += replay_xgb(batches)
             else:
+                if args.pretrain_fractions is not None:
+                    weights = weights_of[(name, model)]
                 per_model[model] += replay(batches, weights, epochs, lr)
         rows = [r for m in models for r in per_model[m]]
         result = {"epochs": epochs, "lr": lr, **_summary(rows)}
         result["models"] = {m: _summary(per_model[m]) for m in models}
         results[name] = result
         print(
-            f"{name:<18} {result['spearman_median']:>9.3f} {result['top1_regret_geomean']:>12.3f}"
+            f"{name:<18} {result['spearman_median']:>9.3f} {result['spearman_first_median']:>7.3f}"
+            f" {result['top1_regret_geomean']:>12.3f}"
             f" {result['finetune_ms_mean']:>12.1f} {result['batches']:>8}"
             + "".join(f" {result['models'][m]['spearman_median']:>16.3f}" for m in models)
         )

@@ -38,6 +38,7 @@ weights named in ``prepared/<model>.json``), so nothing leaks. The last line is 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import subprocess
@@ -158,7 +159,7 @@ def fraction_weights(
 ) -> Path:
     """Weights pretrained (params.yaml's ``pretrain``, seed ``seed``) on ``fraction_groups``;
     F = 0: the untrained network of that seed. Cached under ``base``/costmodels by ``tag``
-    (the model and the features file)."""
+    (the workloads left out and the features file)."""
     import torch
     from searchbench import api
     from searchbench.prepare import pretrain_params
@@ -236,7 +237,10 @@ def fractions_of(
         excluded, _, _ = excluded_workloads(MODELS[model], keys, manifest)
         for f in fractions:
             for seed in range(seeds if 0 < f < 1 else 1):
-                tag = f"{model}-{features_tag}"
+                # Models that remove the same workloads (none, for held-out ones) share weights.
+                removed = sorted(excluded & {g.name for g in groups})
+                digest = hashlib.sha1(json.dumps(removed).encode()).hexdigest()[:10]
+                tag = f"{digest}-{features_tag}"
                 path = fraction_weights(base, tag, groups, excluded, f, seed)
                 out[(f"data{f:g}_seed{seed}", model)] = path
                 print(f"{model}: weights of data share {f:g}, seed {seed}: {path}", file=sys.stderr)
@@ -277,7 +281,9 @@ def main() -> int:
             db = run / "db"
             if not (run / "result.json").is_file() or not (db / "database_workload.json").is_file():
                 continue
-            batches = cached_batches(db, target, schedules=args.xgb)
+            # Only the XGBoost row needs schedules, and they are what the cache cannot keep.
+            schedules = args.xgb and args.pretrain_fractions is None
+            batches = cached_batches(db, target, schedules=schedules)
             runs.append((model, run.name, batches, Path(info["weights"])))
             print(f"{model}/{run.name}: {len(batches)} batches", file=sys.stderr)
     if not runs:

@@ -229,18 +229,18 @@ def fractions_of(
     from searchbench.prepare import excluded_workloads, features_path, file_sha1
 
     groups = api.training_groups(features_path())
+    names = {g.name for g in groups}
     features_tag = file_sha1(features_path())[:10]
     manifest = api.manifest_workloads(ROOT / "data")
     out = {}
     for model in models:
         keys = json.loads((base / "prepared" / f"{model}.json").read_text())["task_keys"]
         excluded, _, _ = excluded_workloads(MODELS[model], keys, manifest)
+        # Models that remove the same workloads (none, for held-out ones) share weights.
+        removed = json.dumps(sorted(excluded & names))
+        tag = f"{hashlib.sha1(removed.encode()).hexdigest()[:10]}-{features_tag}"
         for f in fractions:
             for seed in range(seeds if 0 < f < 1 else 1):
-                # Models that remove the same workloads (none, for held-out ones) share weights.
-                removed = sorted(excluded & {g.name for g in groups})
-                digest = hashlib.sha1(json.dumps(removed).encode()).hexdigest()[:10]
-                tag = f"{digest}-{features_tag}"
                 path = fraction_weights(base, tag, groups, excluded, f, seed)
                 out[(f"data{f:g}_seed{seed}", model)] = path
                 print(f"{model}: weights of data share {f:g}, seed {seed}: {path}", file=sys.stderr)
@@ -297,9 +297,9 @@ def main() -> int:
     )
     settings = [s for s in SETTINGS if s[0] in args.settings] if args.settings else SETTINGS
     if args.pretrain_fractions is not None:
-        settings = [(f"data{f:g}_seed{seed}", *SETTINGS[0][1:]) for f in args.pretrain_fractions
-                    for seed in range(args.fraction_seeds if 0 < f < 1 else 1)]  # fmt: skip
         weights_of = fractions_of(base, models, args.pretrain_fractions, args.fraction_seeds)
+        rows_of = dict.fromkeys(name for name, _ in weights_of)  # in the order drawn
+        settings = [(name, *SETTINGS[0][1:]) for name in rows_of]
     elif args.xgb:
         settings = [*settings, (XGB, 0, 0.0)]
     for name, epochs, lr in settings:

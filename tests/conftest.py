@@ -85,6 +85,19 @@ def llvm_target():
 
 
 @pytest.fixture(scope="session")
+def small_cnn_conv(llvm_target):
+    """The example CNN's largest convolution: a task with several modelled sketches."""
+    from gradtune.frontend import load_model
+    from gradtune.partition import partition
+    from gradtune.tvm_compat import register_tensor_intrinsics
+
+    register_tensor_intrinsics("llvm")
+    model = load_model(EXAMPLES / "small_cnn.py")
+    _, tasks = partition(model.mod, model.params, llvm_target)
+    return max(tasks, key=lambda t: t.flops)
+
+
+@pytest.fixture(scope="session")
 def tiny_model():
     from gradtune.frontend import load_model
 

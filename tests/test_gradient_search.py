@@ -12,19 +12,6 @@ from gradtune.costmodel.train import Group, fit, group_metrics, summarize
 from gradtune.partition import partition
 
 
-@pytest.fixture(scope="module")
-def small_cnn_conv(llvm_target):
-    """The example CNN's largest convolution: a task with several modelled sketches."""
-    from gradtune.frontend import load_model
-    from gradtune.tvm_compat import register_tensor_intrinsics
-    from tests.conftest import EXAMPLES
-
-    register_tensor_intrinsics("llvm")
-    model = load_model(EXAMPLES / "small_cnn.py")
-    _, tasks = partition(model.mod, model.params, llvm_target)
-    return max(tasks, key=lambda t: t.flops)
-
-
 def test_felix_mlp_size_and_padding_are_exact():
     model = FelixMLP()
     assert 200_000 < sum(p.numel() for p in model.parameters()) < 300_000

@@ -12,23 +12,6 @@ from tests.conftest import BENCH, ROOT
 pytestmark = pytest.mark.usefixtures("bench_on_path")
 
 
-def test_loop_extents_reads_the_vectorized_and_parallel_loops():
-    import tvm
-    from searchbench.kernels import loop_extents
-    from tvm import te
-
-    a = te.placeholder((24, 80), name="a")
-    b = te.compute((24, 80), lambda i, j: a[i, j] * 2.0, name="b")
-    sch = tvm.s_tir.Schedule(tvm.IRModule({"main": te.create_prim_func([a, b])}))
-    i, j = sch.get_loops(sch.get_sblock("b"))
-    jo, ji = sch.split(j, factors=[None, 16])
-    sch.parallel(i)
-    sch.vectorize(ji)
-    assert loop_extents(sch.mod) == {"vectorized": [16], "parallel": [24]}
-    untouched = tvm.IRModule({"main": te.create_prim_func([a, b])})
-    assert loop_extents(untouched) == {"vectorized": [], "parallel": []}
-
-
 def test_kernels_of_a_model_without_runs_is_one_line(tmp_path):
     done = subprocess.run(
         [sys.executable, str(BENCH / "search_efficiency.py"), "--work", str(tmp_path),

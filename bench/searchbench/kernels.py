@@ -21,33 +21,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
+from gradtune.search.structural import vec_and_par
 from searchbench import api
 from searchbench.layout import Layout
 from searchbench.models import MODELS
-
-
-def loop_extents(mod: Any) -> dict[str, list[int]]:
-    """Extents of the vectorized and parallel loops of a scheduled module's ``main``."""
-    import tvm
-
-    found: dict[str, list[int]] = {"vectorized": [], "parallel": []}
-    kinds = {tvm.tirx.ForKind.VECTORIZED: "vectorized", tvm.tirx.ForKind.PARALLEL: "parallel"}
-
-    def visit(stmt: Any) -> None:
-        if isinstance(stmt, tvm.tirx.For):
-            if stmt.kind in kinds:
-                found[kinds[stmt.kind]].append(int(stmt.extent))
-            visit(stmt.body)
-        elif type(stmt).__name__ == "SBlockRealize":
-            visit(stmt.block)
-        elif type(stmt).__name__ == "SeqStmt":
-            for child in stmt.seq:
-                visit(child)
-        elif hasattr(stmt, "body"):
-            visit(stmt.body)
-
-    visit(mod["main"].body)
-    return found
 
 
 def best_programs(database_dir: Path) -> dict[str, dict[str, Any]]:
@@ -66,12 +43,8 @@ def best_programs(database_dir: Path) -> dict[str, dict[str, Any]]:
             continue
         sch = tvm.s_tir.Schedule(record.workload.mod)
         record.trace.apply_to_schedule(sch, remove_postproc=False)
-        extents = loop_extents(sch.mod)
-        best[key] = {
-            "us": us,
-            "vec": max(extents["vectorized"], default=1),
-            "par": max(extents["parallel"], default=1),
-        }
+        vec, par = vec_and_par(sch.mod)
+        best[key] = {"us": us, "vec": vec, "par": par}
     return best
 
 

@@ -28,6 +28,7 @@ from gradtune.costmodel.train import spearman
 from gradtune.measure.latency import median_seconds, result_seconds
 from gradtune.search.acquisition import contextual_epsilon, log_expected_improvement
 from gradtune.search.session import ReportingStrategy, RunSummary, SearchRound, Session
+from gradtune.search.structural import StructuralNeighbours, register_lanes
 from gradtune.symbolic.sketch import SymbolicSketch, decision_key
 from gradtune.symbolic.variables import sampling_insts_of
 from gradtune.target import is_gpu as target_is_gpu
@@ -37,6 +38,8 @@ log = logging.getLogger("gradtune.search")
 # Programs MetaSchedule's XGBoost must be trained on before it predicts rather than scores at
 # random (its ``num_warmup_samples``, 100 by default, which ``tune`` keeps).
 RANKER_TRAINED_AT = 100
+# How many of a task's fastest measured programs ``structural_variants`` takes variants of.
+STRUCTURAL_ELITES = 4
 # Bounds of the explorer's population under ``explorer_time_share``: below 64 an evolution has
 # too few programs to mutate from to be worth its round; the ceiling is ``explorer_population``.
 EXPLORER_MIN_POPULATION = 64
@@ -222,6 +225,16 @@ class GradientConfig(NamedTuple):
         sketches are (~34 s on the search benchmark's bert_block, of a warm-up of ~130 s);
         deferred, each task's build overlaps the measurement of the batches before it. With
         ``random_warmup``, the first result came at 27–34 s instead of 40–72 s.
+    structural_variants : int, default 0
+        Up to this many of the descent's picks of each batch after a task's first are instead
+        unmeasured variants of the task's fastest measured programs
+        (``STRUCTURAL_ELITES``): each one's one-thread variant and its whole-register variants
+        (``search.structural``), the latter ordered by score. On CPUs only. Why: the features
+        give the vector and parallel extents only as magnitudes, and on the search benchmark's
+        bert_block (Zen 4), 9 of evolutionary search's 12 best matmul kernels filled whole
+        registers and 11 ran on one thread, where 8 of the descent's had partial vectors and 5
+        split a few-µs kernel over threads (``bench/results/search_efficiency_kernels.md``).
+        The measurement, not the model, decides whether a variant is better.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
         search starts (weight × the default schedule's measured latency, over all n tasks;
@@ -259,6 +272,7 @@ class GradientConfig(NamedTuple):
     warmup: int | None = None
     build_at_first_batch: bool = True
     warmup_by_share: bool = False
+    structural_variants: int = 0
 
     @property
     def needs_ensemble(self) -> bool:
@@ -319,6 +333,8 @@ class GradientSearch(ReportingStrategy):
         self.explorer: Any = None  # EvolutionarySearch filling the explore share
         self._explorer_args: tuple = ()  # its pre_tuning arguments, to rebuild it resized
         self._population = 0  # its population
+        self.structural: StructuralNeighbours | None = None  # ``structural_variants``
+        self._structural = 0  # of them in this batch
         self.ranker: Any = None  # the task scheduler's cost model (``ranked_warmup``)
         # pre_tuning's arguments while the task's setup waits for its first batch
         # (``build_at_first_batch``).
@@ -404,6 +420,9 @@ class GradientSearch(ReportingStrategy):
         if database is not None:
             self._load_measured(database)
         self.ranker = cost_model
+        lanes = 0 if is_gpu else register_lanes(self.context.target)
+        if self.config.structural_variants > 0 and lanes > 0:
+            self.structural = StructuralNeighbours(lanes)
         if not self.sketches:
             self.summary.fallback_tasks.append(str(self.context.task_name))
             log.warning("%s: no sketch can be modelled; evolutionary search instead",
@@ -505,7 +524,10 @@ class GradientSearch(ReportingStrategy):
             found = self._random_programs(n) if self._sampled else self._evolved_programs(n)
             explored = self._unmeasured(found, n)
         taken = {(k, decision_key(d)) for _, k, d in explored if d is not None}
-        picks = self._search(count - len(explored), exclude=taken)
+        variants = [] if first else self._variants(self.config.structural_variants, taken)
+        taken |= {(k, decision_key(d)) for k, d, _ in variants}
+        self._structural = len(variants)
+        picks = self._search(count - len(explored) - len(variants), exclude=taken) + variants
         self.session.refund(count - len(picks) - len(explored))
         self._last_search_s = time.perf_counter() - start
         if not picks and not explored:
@@ -519,6 +541,36 @@ class GradientSearch(ReportingStrategy):
         return [
             ms.MeasureCandidate(self.sketches[k].replay(d).schedule, args_info) for k, d, _ in picks
         ] + [candidate for candidate, _, _ in explored]
+
+    def _variants(self, count: int, exclude: set) -> list[tuple[int, dict, float]]:
+        """Up to ``count`` unmeasured structural variants of the task's fastest measured
+        programs (``structural_variants``), the best-scored first, with their scores."""
+        if self.structural is None or count <= 0:
+            return []
+        found: dict[tuple, tuple[int, dict]] = {}
+        elites: set = set()
+        for _, k, decisions in sorted(self.history, key=lambda h: h[0]):
+            if len(elites) == STRUCTURAL_ELITES:
+                break
+            elite = (k, decision_key(decisions))
+            if elite in elites:
+                continue
+            elites.add(elite)
+            for variant in self.structural.variants(k, self.sketches[k], decisions):
+                key = (k, decision_key(variant))
+                if key not in self.measured and key not in exclude:
+                    found.setdefault(key, (k, variant))
+        scored = []
+        for k, variant in found.values():
+            feats = self.sketches[k].features_at(variant, "smooth", refit=False)
+            if feats is not None and torch.isfinite(feats).all():
+                scored.append((k, variant, feats.detach().to(torch.float32)))
+        if not scored:
+            return []
+        with torch.no_grad():
+            scores = self._acquire([f for _, _, f in scored]).numpy()
+        order = np.argsort(-np.nan_to_num(scores, nan=-np.inf), kind="stable")[:count]
+        return [(scored[i][0], scored[i][1], float(scores[i])) for i in order]
 
     def _evolved_share(self) -> float:
         """The explorer's share of a batch it fills: ``evolved``, or with ``split_by_wins`` how
@@ -640,6 +692,7 @@ class GradientSearch(ReportingStrategy):
         rho = spearman(np.asarray(predicted), -np.asarray(measured)) if enough else math.nan
         task = str(self.context.task_name)
         loss = self.cost_model.observe(task, programs, latencies)
+        variants_s = median_s[split - self._structural : split]  # the descent's picks end so
         self.session.searched(
             task,
             SearchRound(
@@ -652,6 +705,7 @@ class GradientSearch(ReportingStrategy):
                 finetune_loss=loss,
                 dropped_seeds=self.summary.nan_seeds,
                 evolved=self._explored,
+                structural=self._structural,
                 explorer_population=self._population if self._explored and not self._sampled else 0,
                 sampled=self._sampled,
                 ranked=self._ranked,
@@ -660,6 +714,7 @@ class GradientSearch(ReportingStrategy):
                 dropped_members=self._dropped_members,
                 descent_best_us=1e6 * min(median_s[:split], default=math.inf),
                 evolved_best_us=1e6 * min(median_s[split:], default=math.inf),
+                structural_best_us=1e6 * min(variants_s, default=math.inf),
             ),
         )
 

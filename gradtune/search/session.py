@@ -73,6 +73,11 @@ class SearchRound:
         The batch's best median latency among the descent's picks (its random explore share
         included) and among the explorer's (any sketch): which side found what, so a
         benchmark can say what each contributes to a task's best.
+    structural : int, default 0
+        Of the descent's picks, variants of the task's fastest programs
+        (``GradientConfig.structural_variants``).
+    structural_best_us : float, default inf
+        The batch's best median latency among those variants.
     """
 
     predicted_best: float
@@ -92,6 +97,8 @@ class SearchRound:
     dropped_members: int = 0
     descent_best_us: float = math.inf
     evolved_best_us: float = math.inf
+    structural: int = 0
+    structural_best_us: float = math.inf
 
 
 @dataclass

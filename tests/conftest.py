@@ -84,6 +84,25 @@ def llvm_target():
     return make_target(parse_target(None))
 
 
+def search_on(task, target, config):
+    """(gradient search of ``config`` on ``task`` with its own session, the session, the
+    MetaSchedule context), as the task scheduler sets a clone up."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search import make_strategy
+    from gradtune.search.session import Session
+
+    search = make_strategy("gradient", config=config)
+    session = Session()
+    search.attach(session)
+    context = ms.TuneContext(
+        mod=task.mod, target=target, space_generator="post-order-apply",
+        search_strategy="replay-trace", task_name=task.name, num_threads=2,
+    ).clone()  # fmt: skip
+    search._initialize_with_tune_context(context)
+    return search, session, context
+
+
 @pytest.fixture(scope="session")
 def small_cnn_conv(llvm_target):
     """The example CNN's largest convolution: a task with several modelled sketches."""

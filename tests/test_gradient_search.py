@@ -10,6 +10,7 @@ import torch
 from gradtune.costmodel.model import FelixMLP, pad
 from gradtune.costmodel.train import Group, fit, group_metrics, summarize
 from gradtune.partition import partition
+from tests.conftest import search_on
 
 
 def test_felix_mlp_size_and_padding_are_exact():
@@ -177,25 +178,6 @@ def test_measured_programs_are_told_apart_by_sketch_and_the_fastest_seed_the_des
     assert len(search.generate_measure_candidates()) == 4
 
 
-def _search_on(task, target, config):
-    """(gradient search of ``config`` on ``task`` with its own session, the session, the
-    MetaSchedule context), as the task scheduler sets a clone up."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from gradtune.search import make_strategy
-    from gradtune.search.session import Session
-
-    search = make_strategy("gradient", config=config)
-    session = Session()
-    search.attach(session)
-    context = ms.TuneContext(
-        mod=task.mod, target=target, space_generator="post-order-apply",
-        search_strategy="replay-trace", task_name=task.name, num_threads=2,
-    ).clone()  # fmt: skip
-    search._initialize_with_tune_context(context)
-    return search, session, context
-
-
 def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     llvm_target, small_cnn_conv
 ):
@@ -212,7 +194,7 @@ def test_evolutionary_explore_fills_the_explore_share_and_learns_from_it(
     # The explorer and its half of a batch are the defaults; here it fills a fresh task's first
     # batch too, and the task is set up in pre_tuning.
     config = GradientConfig(seeds=4, steps=4, random_warmup=False, build_at_first_batch=False)
-    search, session, context = _search_on(conv, llvm_target, config)
+    search, session, context = search_on(conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     # Without a database and cost model to run it on there is no explorer: Felix's 1 in 8
     # drawn at random instead.
@@ -259,7 +241,7 @@ def test_explorer_sits_out_a_batch_the_time_left_cannot_cover(llvm_target, small
     conv = small_cnn_conv
     config = GradientConfig(seeds=4, steps=4, explorer_population=64, random_warmup=False,
                             build_at_first_batch=False)  # fmt: skip
-    search, session, context = _search_on(conv, llvm_target, config)
+    search, session, context = search_on(conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
     assert search.explorer is not None
@@ -315,7 +297,7 @@ def test_explorer_is_rebuilt_at_the_population_its_share_of_the_run_allows(
 
     config = GradientConfig(seeds=4, steps=4, explorer_population=128, random_warmup=False,
                             build_at_first_batch=False, explorer_time_share=0.5)  # fmt: skip
-    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
     assert search._population == 128
@@ -348,7 +330,7 @@ def test_explorer_sits_out_a_fresh_tasks_first_batch_when_told(llvm_target, smal
     conv = small_cnn_conv
     config = GradientConfig(seeds=4, steps=4, explorer_population=64, explorer_in_warmup=False,
                             random_warmup=False, build_at_first_batch=False)  # fmt: skip
-    search, session, context = _search_on(conv, llvm_target, config)
+    search, session, context = search_on(conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
     assert search.explorer is not None and search.explorer.population_size == 64
@@ -373,11 +355,11 @@ def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
     from gradtune.search.gradient_search import GradientConfig
 
     with pytest.raises(ValueError, match="explorer_every"):
-        _search_on(small_cnn_conv, llvm_target, GradientConfig(explorer_every=0))
+        search_on(small_cnn_conv, llvm_target, GradientConfig(explorer_every=0))
     config = GradientConfig(
         seeds=4, steps=4, explorer_population=64, explorer_every=2, random_warmup=False
     )
-    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     search.pre_tuning(64, 8, context.generate_design_space(), database, ms.cost_model.XGBModel())
     evolved = []
@@ -404,7 +386,7 @@ def test_split_by_wins_gives_the_explorer_the_share_of_pairs_its_programs_won(
 
     config = GradientConfig(seeds=4, steps=4, explorer_population=64, random_warmup=False,
                             split_by_wins=True, build_at_first_batch=False)  # fmt: skip
-    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
     rounds, splits = [], []
@@ -457,7 +439,7 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     from gradtune.symbolic.sketch import decision_key
 
     config = GradientConfig(seeds=4, steps=4, explorer_population=64, build_at_first_batch=False)
-    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
     search.explorer = spy = _ExplorerSpy(search.explorer)
@@ -498,7 +480,7 @@ def test_random_warmup_holds_when_the_database_already_has_programs_of_the_task(
     from gradtune.search.gradient_search import GradientConfig
 
     config = GradientConfig(seeds=4, steps=4, explorer_population=64, build_at_first_batch=False)
-    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
     database = ms.database.MemoryDatabase()
     spaces = context.generate_design_space()
     workload = database.commit_workload(small_cnn_conv.mod)
@@ -546,7 +528,7 @@ def test_ranked_warmup_keeps_the_best_ranked_random_programs_once_the_ranker_is_
                             build_at_first_batch=False)  # fmt: skip
     xgb = ms.cost_model.XGBModel(num_warmup_samples=0, adaptive_training=False)
     ranker = Recorder(xgb)
-    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
     design_spaces = context.generate_design_space()
     search.pre_tuning(64, 8, design_spaces, ms.database.MemoryDatabase(), xgb)
     search.ranker = ranker
@@ -563,7 +545,7 @@ def test_ranked_warmup_keeps_the_best_ranked_random_programs_once_the_ranker_is_
 
     # Another fresh task of the same run, once the run has measured enough programs.
     session.measured = RANKER_TRAINED_AT
-    fresh, _, _ = _search_on(small_cnn_conv, llvm_target, config)
+    fresh, _, _ = search_on(small_cnn_conv, llvm_target, config)
     fresh.attach(session)
     fresh._initialize_with_tune_context(context)
     fresh.pre_tuning(64, 8, design_spaces, ms.database.MemoryDatabase(), xgb)
@@ -592,7 +574,7 @@ def test_sketches_are_built_at_a_tasks_first_batch(llvm_target, small_cnn_conv):
     from gradtune.search.gradient_search import GradientConfig
 
     config = GradientConfig(seeds=4, steps=4, explorer_population=64)
-    search, _, context = _search_on(small_cnn_conv, llvm_target, config)
+    search, _, context = search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
     assert search.sketches == [] and search.explorer is None and search.remaining == 64
@@ -601,7 +583,7 @@ def test_sketches_are_built_at_a_tasks_first_batch(llvm_target, small_cnn_conv):
     assert len(candidates) == 8
     # A stop that arrives while a task's sketches are built (seconds) ends the task there: no
     # batch is searched, built and measured first (the CLI gives a stopping run 5 s).
-    search, session, context = _search_on(small_cnn_conv, llvm_target, config)
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space())
     build = search._setup
 
@@ -628,12 +610,12 @@ def test_first_batch_is_sized_by_the_tasks_share_of_the_model_latency(llvm_targe
 
     conv = small_cnn_conv
     config = GradientConfig(seeds=4, steps=4, evolutionary_explore=False, warmup_by_share=True)
-    search, session, context = _search_on(conv, llvm_target, config)
+    search, session, context = search_on(conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space())
     session.latency_shares = {conv.name: 0.05, "other": 0.95}
     assert len(search.generate_measure_candidates()) == 2
     assert len(search.generate_measure_candidates()) == 8
-    search, session, context = _search_on(conv, llvm_target, config)
+    search, session, context = search_on(conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space())
     session.latency_shares = {"other": 1.0}
     assert len(search.generate_measure_candidates()) == 8

@@ -4,6 +4,8 @@ on the programs TVM builds from them, and measured in place of the descent's las
 import numpy as np
 import pytest
 
+from tests.conftest import search_on
+
 
 @pytest.mark.parametrize(
     ("target", "lanes"),
@@ -81,15 +83,10 @@ def _parallel_unaligned(sym, rng):
 def test_variants_run_on_one_thread_or_fill_whole_registers(llvm_target, small_cnn_conv):
     """Each variant changes only tile decisions, and the program TVM builds from it has the
     property it was made for; the cache answers the second ask without a replay."""
-    from tvm.s_tir import meta_schedule as ms
-
     from gradtune.search.structural import StructuralNeighbours, aligned, vec_and_par
     from gradtune.symbolic.sketch import SymbolicSketch
 
-    context = ms.TuneContext(
-        mod=small_cnn_conv.mod, target=llvm_target, space_generator="post-order-apply",
-        search_strategy="replay-trace", task_name=small_cnn_conv.name, num_threads=2,
-    ).clone()  # fmt: skip
+    _, _, context = search_on(small_cnn_conv, llvm_target, None)
     space = context.generate_design_space()[0]
     postprocs = list(context.space_generator.postprocs)
     rng = np.random.default_rng(0)
@@ -122,23 +119,14 @@ def test_variants_replace_the_descents_last_picks_after_a_tasks_first_batch(
     round says how many there were and the best latency they reached."""
     from tvm.s_tir import meta_schedule as ms
 
-    from gradtune.search import make_strategy
     from gradtune.search.gradient_search import GradientConfig
-    from gradtune.search.session import Session
     from gradtune.symbolic.sketch import decision_key
 
     config = GradientConfig(
         seeds=4, steps=4, evolutionary_explore=False, structural_variants=2,
         build_at_first_batch=False,
     )  # fmt: skip
-    search = make_strategy("gradient", config=config)
-    session = Session()
-    search.attach(session)
-    context = ms.TuneContext(
-        mod=small_cnn_conv.mod, target=llvm_target, space_generator="post-order-apply",
-        search_strategy="replay-trace", task_name=small_cnn_conv.name, num_threads=2,
-    ).clone()  # fmt: skip
-    search._initialize_with_tune_context(context)
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space())
     assert search.structural is not None and search.structural.lanes in (4, 8, 16)
     first = search.generate_measure_candidates()

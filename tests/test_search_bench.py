@@ -60,10 +60,17 @@ def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_bes
     from searchbench.analysis import best_found_by
 
     def batch(
-        task: str, descent: float, explorer: float, sampled: bool = False, ranked: bool = False
+        task: str,
+        descent: float,
+        explorer: float,
+        sampled: bool = False,
+        ranked: bool = False,
+        variants: float | None = None,
     ) -> dict:
         search = {"descent_best_us": descent, "evolved_best_us": explorer, "sampled": sampled,
                   "ranked": ranked}  # fmt: skip
+        if variants is not None:
+            search["structural_best_us"] = variants
         return {"task": task, "search": search}
 
     inf = float("inf")
@@ -74,7 +81,7 @@ def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_bes
         batch("dense", 4.0, 3.0),  # a tie is not an improvement: the descent keeps it
         {"task": "pool"},  # a task the gradient search handed to evolutionary search
     ]
-    counts = {"descent": 2, "explorer": 0, "random": 0, "ranked": 0}
+    counts = {"descent": 2, "explorer": 0, "random": 0, "ranked": 0, "structural": 0}
     assert best_found_by({"rounds": rounds}) == counts
     rounds.append(batch("conv", 9.0, 6.5))
     counts |= {"descent": 1, "explorer": 1}
@@ -85,6 +92,11 @@ def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_bes
     # ... and one whose draws were ranked by the task scheduler's model (ranked_warmup)
     rounds.insert(0, batch("relu", 5.0, 1.0, sampled=True, ranked=True))
     assert best_found_by({"rounds": rounds}) == counts | {"random": 1, "ranked": 1}
+    # a structural variant among the descent's picks reached the batch's best: its credit
+    rounds.append(batch("dense", 2.0, inf, variants=2.0))
+    rounds.append(batch("relu", 0.9, inf, variants=1.5))  # the descent's own pick was faster
+    counts |= {"descent": 1, "structural": 1}
+    assert best_found_by({"rounds": rounds}) == counts | {"random": 1, "ranked": 0}
     assert best_found_by({"rounds": [{"task": "conv"}]}) is None  # an evolutionary run
 
 

@@ -137,7 +137,8 @@ def _timed_ms(passes: list[dict[str, float]], label: str) -> float | None:
 def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
     """Of a gradient run's tasks, how many got their final best from the descent's picks, how
     many from the explorer's evolution, how many from its random draws of a first batch
-    (``random_warmup``) and how many from the best-ranked of such draws (``ranked_warmup``),
+    (``random_warmup``), how many from the best-ranked of such draws (``ranked_warmup``) and
+    how many from the structural variants among the descent's picks (``structural_variants``),
     by the round whose batch first reached it; None for a run without the gradient search's
     per-round account."""
     best: dict[str, tuple[float, str]] = {}
@@ -145,8 +146,11 @@ def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
         search = r.get("search")
         if search is None:
             continue
+        # The descent's best includes its variants': credit them where they reached it.
+        descent = search["descent_best_us"]
+        variants = search.get("structural_best_us", math.inf)
         for side, us in (
-            ("descent", search["descent_best_us"]),
+            ("structural" if variants <= descent else "descent", descent),
             (_explore_side(search), search["evolved_best_us"]),
         ):
             if math.isfinite(us) and us < best.get(r["task"], (math.inf, ""))[0]:
@@ -154,7 +158,8 @@ def best_found_by(result: dict[str, Any]) -> dict[str, int] | None:
     if not best:
         return None
     sides = [side for _, side in best.values()]
-    return {side: sides.count(side) for side in ("descent", "explorer", "random", "ranked")}
+    sides_known = ("descent", "explorer", "random", "ranked", "structural")
+    return {side: sides.count(side) for side in sides_known}
 
 
 def _explore_side(search: dict[str, Any]) -> str:

@@ -439,4 +439,7 @@ def _found_by(name: str, by: dict[str, int]) -> str:
         counts.append(by.get("random", 0))
     if by.get("ranked"):
         counts.append(by["ranked"])
-    return f"{name} " + "/".join(str(c) for c in counts)
+    line = f"{name} " + "/".join(str(c) for c in counts)
+    if by.get("structural"):
+        line += f" (and {by['structural']} by the descent's structural variants)"
+    return line

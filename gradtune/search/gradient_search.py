@@ -420,9 +420,9 @@ class GradientSearch(ReportingStrategy):
         if database is not None:
             self._load_measured(database)
         self.ranker = cost_model
-        lanes = 0 if is_gpu else register_lanes(self.context.target)
-        if self.config.structural_variants > 0 and lanes > 0:
-            self.structural = StructuralNeighbours(lanes)
+        if self.config.structural_variants > 0 and not is_gpu:
+            lanes = register_lanes(self.context.target)
+            self.structural = StructuralNeighbours(lanes) if lanes > 0 else None
         if not self.sketches:
             self.summary.fallback_tasks.append(str(self.context.task_name))
             log.warning("%s: no sketch can be modelled; evolutionary search instead",

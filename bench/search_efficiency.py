@@ -76,7 +76,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--gradient-config", default="", metavar="FIELD=VALUE,...",
         help="an ablation: the gradient search with these GradientConfig fields (its runs and "
-        "results files are kept apart from the default configuration's)",
+        "results files are kept apart from the default configuration's; its evolutionary runs "
+        "are the default configuration's, copied in where they are finished)",
     )  # fmt: skip
     parser.add_argument(
         "--measure", default="fixed", choices=["fixed", "adaptive"],

@@ -229,3 +229,32 @@ def test_results_follow_a_work_dir_of_its_own(tmp_path, script):
     assert module.parse_args([]).out == BENCH / "results"
     chosen = tmp_path / "elsewhere"
     assert module.parse_args(["--work", str(tmp_path), "--out", str(chosen)]).out == chosen
+
+
+def test_an_ablation_adopts_the_default_configurations_finished_evolutionary_runs(tmp_path):
+    """An ablation changes only the gradient search: its layout copies in the default layout's
+    finished evolutionary run (same budget and measurement), whole, replacing a half-finished
+    one of its own; never a gradient run, an unfinished one, or one of another measurement."""
+    import json
+
+    from searchbench.layout import Layout, RunSpec
+
+    evo, grad = RunSpec("bert_block", "evolutionary", 1), RunSpec("bert_block", "gradient", 1)
+    default, ablation = Layout(tmp_path, 480.0), Layout(tmp_path, 480.0, "steps=32")
+    assert ablation.adopt(evo) is None  # nothing to adopt yet
+    for spec in (evo, grad):
+        default.run_dir(spec).mkdir(parents=True)
+        (default.run_dir(spec) / "model_at_100.so").write_bytes(b"library")
+    assert ablation.adopt(evo) is None  # not finished
+    for spec in (evo, grad):
+        default.result(spec).write_text(json.dumps({"run_id": spec.run_id, "commit": "abc1234"}))
+    ablation.run_dir(evo).mkdir(parents=True)
+    (ablation.run_dir(evo) / "pid").write_text("1")  # a half-finished run of the ablation's
+    assert ablation.adopt(evo) == default.run_dir(evo)
+    assert sorted(p.name for p in ablation.run_dir(evo).iterdir()) == ["model_at_100.so",
+                                                                       "result.json"]  # fmt: skip
+    assert ablation.results("bert_block") == [{"run_id": "evolutionary-r1", "commit": "abc1234"}]
+    assert ablation.adopt(evo) is None  # finished now: kept as it is
+    assert ablation.adopt(grad) is None and not ablation.finished(grad)
+    assert Layout(tmp_path, 480.0, "steps=32", "adaptive").adopt(evo) is None
+    assert default.adopt(evo) is None  # the default configuration tunes its own

@@ -259,6 +259,9 @@ def run_all(layout: Layout, specs: list[RunSpec], on_progress, script: Path = SC
                 time_stale_models(children, layout, models)
                 on_progress()
             repeat = spec.repeat
+            if source := layout.adopt(spec):
+                print(f"{spec.model} {spec.run_id}: adopted from {source}", flush=True)
+                on_progress()
             if layout.finished(spec):
                 continue
             if "error" in ensure_prepared(children, layout, spec.model):

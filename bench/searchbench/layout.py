@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -173,6 +174,27 @@ class Layout:
 
     def finished(self, spec: RunSpec) -> bool:
         return self.result(spec).is_file()
+
+    def adopt(self, spec: RunSpec) -> Path | None:
+        """Copy in the default configuration's finished ``spec`` (same budget and measurement)
+        if this layout is a gradient ablation and ``spec`` an evolutionary run this layout
+        lacks: an ablation changes only the gradient search, and tuning its peer again costs
+        a whole budget per run for another sample of the same thing. The copied run keeps its
+        commit in result.json. Returns where it came from, or None."""
+        if not self.gradient_config or spec.searcher != "evolutionary" or self.finished(spec):
+            return None
+        source = Layout(self.work, self.budget, "", self.measure).run_dir(spec)
+        if not (source / "result.json").is_file():
+            return None
+        target = self.run_dir(spec)
+        shutil.rmtree(target, ignore_errors=True)  # a half-finished run of this layout's
+        # Beside the model folders, not in one: a copy cut short is never taken for a run.
+        partial = self.root / "runs" / f".adopting-{spec.model}-{spec.run_id}"
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(source, partial)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        partial.replace(target)
+        return source
 
     def results(self, model: str) -> list[dict[str, Any]]:
         """Every finished run of ``model`` (failed ones included, with their ``error``)."""

@@ -234,7 +234,11 @@ class GradientConfig(NamedTuple):
         bert_block (Zen 4), 9 of evolutionary search's 12 best matmul kernels filled whole
         registers and 11 ran on one thread, where 8 of the descent's had partial vectors and 5
         split a few-µs kernel over threads (``bench/results/search_efficiency_kernels.md``).
-        The measurement, not the model, decides whether a variant is better.
+        The measurement, not the model, decides whether a variant is better. Measured with 3
+        on bert_block (Emerald Rapids, 3 repeats at 480 s): final libraries 1.23× faster than
+        without, side by side, and 1.08× evolutionary search's where they were 0.84×
+        (``bench/results/search_efficiency_emeraldrapids_structural_variants3.md``); off by
+        default until the convolution models have run with it.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
         search starts (weight × the default schedule's measured latency, over all n tasks;

@@ -87,9 +87,10 @@ def _nests(mod: Any, reductions_only: bool = False) -> list[dict[str, list[int]]
 
 
 def aligned(vec: int, lanes: int) -> bool:
-    """Whether a vector extent fills whole registers: of ``lanes`` lanes, or of half as many
-    (a whole AVX2 register on an AVX-512 CPU: channel counts such as 24 allow no 16)."""
-    return vec >= lanes // 2 and vec % max(1, lanes // 2) == 0
+    """Whether a vector extent fills whole registers of ``lanes`` fp32 lanes; on an AVX-512
+    CPU whole 8-lane AVX2 registers count too (channel counts such as 24 allow no 16)."""
+    unit = min(lanes, 8)
+    return vec >= unit and vec % unit == 0
 
 
 def _multi_level(sym: SymbolicSketch) -> list[TileVar]:

@@ -49,18 +49,20 @@ def vec_and_par(mod: Any) -> tuple[int, int]:
     reductions: a padding or write-back stage of the same program is vectorized and
     parallelized on its own, and its loops say nothing of the compute's. A module without
     a reduction: the widest of all its loops."""
-    nests = _nests(mod, reductions_only=True) or _nests(mod)
-    vec = max((e for n in nests for e in n["vectorized"]), default=1)
-    par = max((e for n in nests for e in n["parallel"]), default=1)
+    nests = _nests(mod)
+    around = [loops for reduces, loops in nests if reduces] or [loops for _, loops in nests]
+    vec = max((e for loops in around for k, e in loops if k == "vectorized"), default=1)
+    par = max((e for loops in around for k, e in loops if k == "parallel"), default=1)
     return vec, par
 
 
-def _nests(mod: Any, reductions_only: bool = False) -> list[dict[str, list[int]]]:
-    """Per block of ``main``: the extents of its vectorized and parallel enclosing loops."""
+def _nests(mod: Any) -> list[tuple[bool, list[tuple[str, int]]]]:
+    """Per block of ``main``: whether it reduces, and its vectorized and parallel enclosing
+    loops as (kind, extent)."""
     import tvm
 
     kinds = {tvm.tirx.ForKind.VECTORIZED: "vectorized", tvm.tirx.ForKind.PARALLEL: "parallel"}
-    nests: list[dict[str, list[int]]] = []
+    nests: list[tuple[bool, list[tuple[str, int]]]] = []
 
     def visit(stmt: Any, around: list[tuple[str, int]]) -> None:
         if isinstance(stmt, tvm.tirx.For):
@@ -70,11 +72,7 @@ def _nests(mod: Any, reductions_only: bool = False) -> list[dict[str, list[int]]
         elif type(stmt).__name__ == "SBlockRealize":
             block = stmt.block
             reduces = any(int(v.iter_type) == 2 for v in block.iter_vars)  # CommReduce
-            if reduces or not reductions_only:
-                nest: dict[str, list[int]] = {"vectorized": [], "parallel": []}
-                for kind, extent in around:
-                    nest[kind].append(extent)
-                nests.append(nest)
+            nests.append((reduces, around))
             visit(block, around)
         elif type(stmt).__name__ == "SeqStmt":
             for child in stmt.seq:

@@ -552,18 +552,12 @@ class GradientSearch(ReportingStrategy):
         if self.structural is None or count <= 0:
             return []
         found: dict[tuple, tuple[int, dict]] = {}
-        elites: set = set()
-        for _, k, decisions in sorted(self.history, key=lambda h: h[0]):
-            if len(elites) == STRUCTURAL_ELITES:
-                break
-            elite = (k, decision_key(decisions))
-            if elite in elites:
-                continue
-            elites.add(elite)
-            for variant in self.structural.variants(k, self.sketches[k], decisions):
-                key = (k, decision_key(variant))
-                if key not in self.measured and key not in exclude:
-                    found.setdefault(key, (k, variant))
+        for k, elites in self._elites(STRUCTURAL_ELITES).items():
+            for decisions in elites:
+                for variant in self.structural.variants(k, self.sketches[k], decisions):
+                    key = (k, decision_key(variant))
+                    if key not in self.measured and key not in exclude:
+                        found.setdefault(key, (k, variant))
         scored = []
         for k, variant in found.values():
             feats = self.sketches[k].features_at(variant, "smooth", refit=False)

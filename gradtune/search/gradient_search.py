@@ -225,7 +225,7 @@ class GradientConfig(NamedTuple):
         sketches are (~34 s on the search benchmark's bert_block, of a warm-up of ~130 s);
         deferred, each task's build overlaps the measurement of the batches before it. With
         ``random_warmup``, the first result came at 27–34 s instead of 40–72 s.
-    structural_variants : int, default 0
+    structural_variants : int, default 3
         Up to this many of the descent's picks of each batch after a task's first are instead
         unmeasured variants of the task's fastest measured programs
         (``STRUCTURAL_ELITES``): each one's one-thread variant and its whole-register variants
@@ -234,11 +234,13 @@ class GradientConfig(NamedTuple):
         bert_block (Zen 4), 9 of evolutionary search's 12 best matmul kernels filled whole
         registers and 11 ran on one thread, where 8 of the descent's had partial vectors and 5
         split a few-µs kernel over threads (``bench/results/search_efficiency_kernels.md``).
-        The measurement, not the model, decides whether a variant is better. Measured with 3
-        on bert_block (Emerald Rapids, 3 repeats at 480 s): final libraries 1.23× faster than
-        without, side by side, and 1.08× evolutionary search's where they were 0.84×
-        (``bench/results/search_efficiency_emeraldrapids_structural_variants3.md``); off by
-        default until the convolution models have run with it.
+        The measurement, not the model, decides whether a variant is better. Measured on the
+        three held-out models (Emerald Rapids, 3 repeats at 480 s, final libraries timed side
+        by side with 0's): 1.23× faster on bert_block, 1.07× on mbconv_se, 0.86× on
+        squeeze_fire (its two big convolutions came out slower), geomean 1.04; against
+        evolutionary search the worst model went from 0.91× to 0.96× and the geomean from
+        1.26× to 1.33× (``bench/results/search_efficiency_emeraldrapids_structural_variants3.md``).
+        0 turns it off.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
         search starts (weight × the default schedule's measured latency, over all n tasks;
@@ -276,7 +278,7 @@ class GradientConfig(NamedTuple):
     warmup: int | None = None
     build_at_first_batch: bool = True
     warmup_by_share: bool = False
-    structural_variants: int = 0
+    structural_variants: int = 3
 
     @property
     def needs_ensemble(self) -> bool:

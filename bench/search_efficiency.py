@@ -201,6 +201,9 @@ def main(argv: list[str] | None = None) -> int:
               "give --versus MODEL", file=sys.stderr)  # fmt: skip
         return 2
     layout = Layout(args.work.resolve(), args.budget, args.gradient_config, args.measure)
+    if problem := layout.config_problem():
+        print(f"search_efficiency: {problem}", file=sys.stderr)
+        return 2
     # A child asked to stop by SIGTERM stops as on Ctrl-C: between batches, fleet shut down.
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     if args.one:

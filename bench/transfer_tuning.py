@@ -47,7 +47,7 @@ from pathlib import Path
 from searchbench import driver
 from searchbench.layout import RunSpec, add_work_and_out, resolve_out
 from searchbench.models import MODELS, ROOT
-from transferbench.layout import KINDS, TransferLayout, plan
+from transferbench.layout import FULL, KINDS, WARM, TransferLayout, plan
 
 STEM = "transfer_tuning"
 SCRIPT = Path(__file__).resolve()
@@ -81,7 +81,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--one", nargs=3, metavar=("MODEL", "KIND", "REPEAT"), help=argparse.SUPPRESS)
     mode.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     mode.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
-    parser.add_argument("--gradient-config", default="", help=argparse.SUPPRESS)  # unused here
+    parser.add_argument(
+        "--gradient-config", default="", metavar="K=V,...",
+        help="GradientConfig fields for the full and warm runs' gradient search "
+             "(structural_variants=0); its runs live apart, in <budget>s-transfer-<config>",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     resolve_out(args, DEFAULT_WORK)
     return args
@@ -129,7 +133,10 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"transfer_tuning: {problem}", file=sys.stderr)
         return 2
-    layout = TransferLayout(args.work.resolve(), args.budget)
+    layout = TransferLayout(args.work.resolve(), args.budget, args.gradient_config)
+    if problem := layout.config_problem():
+        print(f"transfer_tuning: {problem}", file=sys.stderr)
+        return 2
     # A child asked to stop by SIGTERM stops as on Ctrl-C: between batches, fleet shut down.
     signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
     if args.one:
@@ -153,6 +160,13 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     models = models_of(args)
     specs = plan(models, args.repeats)
+    # Only a search still to make can mix configurations; a finished layout renders as it is.
+    searches = (FULL, WARM)
+    pending = [s.model for s in specs if s.searcher in searches and not layout.finished(s)]
+    mixed = None if args.render else layout.mixed_config(list(dict.fromkeys(pending)))
+    if mixed:
+        print(f"transfer_tuning: {mixed}", file=sys.stderr)
+        return 2
     completed = True
     if not args.render:
         completed = driver.run_all(

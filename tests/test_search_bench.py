@@ -188,8 +188,9 @@ def test_milestones_are_felixs_90_95_99_percent_of_the_best_known():
 
 def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_own(tmp_path):
     """A default that moved since a layout's gradient runs were made (ranked_warmup went from 0
-    to 256) would mix two searches under one name: resuming is refused in one line naming the
-    field, before any run starts; runs recorded with today's configuration pass."""
+    to 256, structural_variants from 0 to 3) would mix two searches under one name: resuming is
+    refused in one line naming the field, before any run starts; runs recorded with today's
+    configuration pass."""
     import json
 
     from searchbench.layout import Layout, RunSpec
@@ -204,6 +205,14 @@ def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_ow
     result.write_text(json.dumps({"gradient_config_effective": {**now, "ranked_warmup": 0}}))
     assert "ranked_warmup=0 (now 256)" in layout.mixed_config(["bert_block"])
     assert Layout(tmp_path, 480.0, "ranked_warmup=0").mixed_config(["bert_block"]) is None
+    # A record from before a field existed searched with the field's first default: 0 for
+    # structural_variants (today 3), today's for a field whose default never moved.
+    newer = ("structural_variants", "explorer_time_share")
+    older = {k: v for k, v in now.items() if k not in newer}
+    result.write_text(json.dumps({"gradient_config_effective": older}))
+    assert "structural_variants=0 (now 3)" in layout.mixed_config(["bert_block"])
+    assert "explorer_time_share" not in layout.mixed_config(["bert_block"])
+    assert Layout(tmp_path, 480.0, "structural_variants=0").mixed_config(["bert_block"]) is None
     done = subprocess.run(
         [sys.executable, str(BENCH / "search_efficiency.py"), "--work", str(tmp_path),
          "--budget", "480", "--models", "bert_block"],
@@ -211,7 +220,7 @@ def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_ow
     )  # fmt: skip
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and len(lines) == 1, done.stderr
-    assert "bert_block gradient runs of another configuration: ranked_warmup=0" in lines[0]
+    assert "bert_block gradient runs of another configuration: structural_variants=0" in lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["480s"]  # nothing prepared
 
 

@@ -15,6 +15,7 @@ pytestmark = pytest.mark.usefixtures("bench_on_path")
         (["--models", "dcgan_like", "no_such_model"], "unknown model no_such_model"),
         (["--models", "dcgan_like"], "at least two"),
         (["--budget", "0"], "--budget must be positive"),
+        (["--gradient-config", "no_such_field=1"], "GradientConfig has no field no_such_field"),
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
@@ -121,6 +122,14 @@ def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):
     assert search_efficiency_run(full, layout) is None, "another batch size is another run"
     write_json(peer.result(twin), result)
     assert search_efficiency_run(full, layout) == source
+    # A run of another gradient configuration is another run: one from before
+    # structural_variants existed (it searched with 0) is adopted only by a layout that names 0.
+    older = {k: v for k, v in layout.gradient_effective().items() if k != "structural_variants"}
+    write_json(peer.result(twin), result | {"gradient_config_effective": older})
+    assert search_efficiency_run(full, layout) is None
+    pinned = TransferLayout(tmp_path, 480, "structural_variants=0")
+    assert search_efficiency_run(full, pinned) == source
+    write_json(peer.result(twin), result)
 
     adopted = adopt(full, layout, source, tasks=[])
     run_dir = layout.run_dir(full)

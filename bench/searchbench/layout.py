@@ -27,6 +27,9 @@ from typing import Any
 SEARCHERS = ("gradient", "evolutionary")
 COMMITTED_RESULTS = Path(__file__).resolve().parents[1] / "results"
 FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where end-to-end latency is measured
+# The first default of each ``GradientConfig`` field whose default has moved since it was
+# added: a result recorded before the field existed searched with this value, not today's.
+FIRST_DEFAULTS = {"ranked_warmup": 0, "structural_variants": 0}
 
 
 @dataclass(frozen=True)
@@ -110,6 +113,15 @@ class Layout:
         pairs = [item.split("=", 1) for item in self.gradient_config.split(",") if item]
         return {key.strip(): value(text.strip()) for key, text in pairs}
 
+    def config_problem(self) -> str | None:
+        """What is wrong with ``gradient_config``, in one line; None if nothing."""
+        from gradtune.search.gradient_search import GradientConfig
+
+        unknown = sorted(set(self.gradient_kwargs()) - set(GradientConfig._fields))
+        if unknown:
+            return f"--gradient-config: GradientConfig has no field {', '.join(unknown)}"
+        return None
+
     def gradient_effective(self) -> dict[str, Any]:
         """Every ``GradientConfig`` field the layout's gradient runs search with: its
         overrides over today's defaults, which move (``ranked_warmup`` went from 0 to 256)."""
@@ -118,25 +130,33 @@ class Layout:
         # As result.json gives it back (tuples as lists), so the two compare equal.
         return json.loads(json.dumps(GradientConfig(**self.gradient_kwargs())._asdict()))
 
+    def config_moved(self, result: dict[str, Any]) -> str | None:
+        """How the gradient configuration ``result`` recorded differs from the one this
+        layout's new runs would search with (``a=1 (now 2), ...``); None if it does not, or
+        if it recorded none (runs from before it was recorded cannot be told apart). A field
+        the record lacks is newer than the run, which searched with its first default."""
+        from gradtune.search.gradient_search import GradientConfig
+
+        then = result.get("gradient_config_effective")
+        if then is None:
+            return None
+        now = self.gradient_effective()
+        default = json.loads(json.dumps(GradientConfig()._asdict()))
+        then = {key: then.get(key, FIRST_DEFAULTS.get(key, default.get(key))) for key in now}
+        moved = [f"{key}={then[key]!r} (now {now[key]!r})" for key in sorted(now)
+                 if then[key] != now[key]]  # fmt: skip
+        return ", ".join(moved) or None
+
     def mixed_config(self, models: list[str]) -> str | None:
         """Why new gradient runs of ``models`` would not be of the configuration the layout's
-        finished ones ran (a default moved since), in one line; None if they would be. Runs
-        from before the configuration was recorded cannot be told apart and pass."""
-        now = self.gradient_effective()
+        finished ones ran (a default moved since), in one line; None if they would be."""
         for model in models:
             for result in self.results(model):
-                then = result.get("gradient_config_effective")
-                if then is None or then == now:
-                    continue
-                moved = ", ".join(
-                    f"{key}={then.get(key)!r} (now {now.get(key)!r})"
-                    for key in sorted(set(then) | set(now))
-                    if then.get(key) != now.get(key)
-                )
-                return (
-                    f"{self.root} holds {model} gradient runs of another configuration: {moved}; "
-                    "name it with --gradient-config, or use another --work"
-                )
+                if moved := self.config_moved(result):
+                    return (
+                        f"{self.root} holds {model} gradient runs of another configuration: "
+                        f"{moved}; name it with --gradient-config, or use another --work"
+                    )
         return None
 
     def needs_ensemble(self) -> bool:

@@ -8,6 +8,8 @@ models, ``prepared/<model>.json``) and run machinery; its own runs live apart, u
     work/<budget>s-transfer/runs/<model>/<kind>-r<i>/     one run: db/, db_at_100/, result.json
     work/<budget>s-transfer/timing/<model>.json           its libraries timed interleaved
     work/<budget>s-transfer/logs/
+    work/<budget>s-transfer-<config>/                     --gradient-config: full and warm
+                                                          runs of that gradient search
 
 A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
@@ -38,7 +40,8 @@ class TransferLayout(Layout):
 
     @property
     def root(self) -> Path:
-        return self.work / f"{self.budget:g}s-transfer"
+        suffix = f"-{self.gradient_config}" if self.gradient_config else ""
+        return self.work / f"{self.budget:g}s-transfer{suffix}"
 
     def prepared(self, model: str) -> Path:
         return Layout(self.work, self.budget).prepared(model)

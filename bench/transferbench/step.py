@@ -94,7 +94,7 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
             tuned = searchrun.tune_until_deadline(
                 RunSpec(spec.model, "gradient", spec.repeat), tasks, target, tracker,
                 layout.budget if search else TRANSFER_BUDGET, run_dir, weights,
-                warm_start=hook, search=search,
+                gradient=layout.gradient_kwargs(), warm_start=hook, search=search,
             )  # fmt: skip
         if not search:
             tuned["overrun_pct"] = 0.0
@@ -130,6 +130,10 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
         "tasks": len(tasks),
         "target": config,
         "cost_model": str(weights) if spec.searcher in (FULL, WARM) else None,
+        # The whole configuration, not only the overrides: defaults move between commits.
+        "gradient_config_effective": (
+            layout.gradient_effective() if spec.searcher in (FULL, WARM) else None
+        ),
         "library": [str(d) for d in library],
         "transfer": hook.stats() if hook else None,
         **tuned,
@@ -148,21 +152,26 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
 
 def search_efficiency_run(spec: RunSpec, layout: TransferLayout) -> Path | None:
     """The search-efficiency benchmark's run that a ``full`` run would repeat, if it finished:
-    the default gradient search on the same model, budget, seed and leave-out cost model,
-    through the same call (``tune_until_deadline``), with the default batch and fixed
-    measurement. ``bench/search_efficiency.py`` in the same work dir leaves these behind."""
+    the gradient search of the same configuration on the same model, budget, seed and
+    leave-out cost model, through the same call (``tune_until_deadline``), with the default
+    batch and fixed measurement. ``bench/search_efficiency.py`` in the same work dir leaves
+    these behind, under the same ``--gradient-config`` or, if it recorded the same effective
+    configuration (a default has since moved to what the option names), under none."""
     from searchbench.layout import Layout
 
-    peer = Layout(layout.work, layout.budget)
     twin = RunSpec(spec.model, "gradient", spec.repeat)
-    if not peer.finished(twin):
-        return None
-    result = json.loads(peer.result(twin).read_text())
-    if "error" in result or not result.get("per_round_is_default", True):
-        return None
-    if "library" not in result.get("builds", {}).get(FINAL, {}):
-        return None
-    return peer.run_dir(twin)
+    names = dict.fromkeys([layout.gradient_config, ""])
+    for peer in (Layout(layout.work, layout.budget, name) for name in names):
+        if not peer.finished(twin):
+            continue
+        result = json.loads(peer.result(twin).read_text())
+        if "error" in result or not result.get("per_round_is_default", True):
+            continue
+        if "library" not in result.get("builds", {}).get(FINAL, {}):
+            continue
+        if layout.config_moved(result) is None:
+            return peer.run_dir(twin)
+    return None
 
 
 def adopt(spec: RunSpec, layout: TransferLayout, source: Path, tasks: list[Any]) -> dict[str, Any]:

@@ -165,3 +165,16 @@ def test_variants_replace_the_descents_last_picks_after_a_tasks_first_batch(
     searched = session.take(small_cnn_conv.name)
     assert searched.structural == search._structural
     assert searched.structural_best_us == pytest.approx(500.0)
+    # A batch the trial budget cuts to one candidate holds one, however many variants the
+    # fastest program has (they once came on top: `--trials 8` measured 63).
+    for _ in range(200):
+        k = int(rng.integers(len(search.sketches)))
+        decisions = search.sketches[k].variables.round(
+            search.sketches[k].variables.random_point(rng)
+        )
+        variants = search.structural.variants(k, search.sketches[k], decisions)
+        if len({(k, decision_key(v)) for v in variants} - search.measured) >= 2:
+            break
+    search.history.append((1e-4, k, decisions))
+    session.trials_left = 1
+    assert len(search.generate_measure_candidates()) == 1 and search._structural == 1

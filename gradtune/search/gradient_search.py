@@ -530,7 +530,10 @@ class GradientSearch(ReportingStrategy):
             found = self._random_programs(n) if self._sampled else self._evolved_programs(n)
             explored = self._unmeasured(found, n)
         taken = {(k, decision_key(d)) for _, k, d in explored if d is not None}
-        variants = [] if first else self._variants(self.config.structural_variants, taken)
+        # In place of the descent's picks, never beside them: a batch cut short by the trial
+        # budget (``--trials``) has no room for more.
+        room = min(self.config.structural_variants, count - len(explored))
+        variants = [] if first else self._variants(room, taken)
         taken |= {(k, decision_key(d)) for k, d, _ in variants}
         self._structural = len(variants)
         picks = self._search(count - len(explored) - len(variants), exclude=taken) + variants

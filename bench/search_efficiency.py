@@ -235,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         stem += "_" + args.gradient_config.replace("=", "").replace(",", "_")
     if args.measure != "fixed":
         stem += f"_{args.measure}"
-    # Only a run still to make can mix configurations; a finished layout renders as it is.
-    pending = [s.model for s in specs if s.searcher == "gradient" and not layout.finished(s)]
-    mixed = None if args.render else layout.mixed_config(list(dict.fromkeys(pending)))
+    mixed = None if args.render else layout.mixed_config(specs, ("gradient",))
     if mixed:
         print(f"search_efficiency: {mixed}", file=sys.stderr)
         return 2

@@ -160,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     models = models_of(args)
     specs = plan(models, args.repeats)
-    # Only a search still to make can mix configurations; a finished layout renders as it is.
-    searches = (FULL, WARM)
-    pending = [s.model for s in specs if s.searcher in searches and not layout.finished(s)]
-    mixed = None if args.render else layout.mixed_config(list(dict.fromkeys(pending)))
+    mixed = None if args.render else layout.mixed_config(specs, (FULL, WARM))
     if mixed:
         print(f"transfer_tuning: {mixed}", file=sys.stderr)
         return 2

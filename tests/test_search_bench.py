@@ -198,21 +198,23 @@ def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_ow
     layout = Layout(tmp_path, 480.0)
     now = layout.gradient_effective()
     assert now["ranked_warmup"] == 256
+    pending = [RunSpec("bert_block", "gradient", 1)]  # the run a resume would make
     result = layout.result(RunSpec("bert_block", "gradient", 0))
     result.parent.mkdir(parents=True)
     result.write_text(json.dumps({"gradient_config_effective": now}))
-    assert layout.mixed_config(["bert_block"]) is None
+    assert layout.mixed_config(pending, ("gradient",)) is None
     result.write_text(json.dumps({"gradient_config_effective": {**now, "ranked_warmup": 0}}))
-    assert "ranked_warmup=0 (now 256)" in layout.mixed_config(["bert_block"])
-    assert Layout(tmp_path, 480.0, "ranked_warmup=0").mixed_config(["bert_block"]) is None
+    assert "ranked_warmup=0 (now 256)" in layout.mixed_config(pending, ("gradient",))
+    assert Layout(tmp_path, 480.0, "ranked_warmup=0").mixed_config(pending, ("gradient",)) is None
     # A record from before a field existed searched with the field's first default: 0 for
     # structural_variants (today 3), today's for a field whose default never moved.
     newer = ("structural_variants", "explorer_time_share")
     older = {k: v for k, v in now.items() if k not in newer}
     result.write_text(json.dumps({"gradient_config_effective": older}))
-    assert "structural_variants=0 (now 3)" in layout.mixed_config(["bert_block"])
-    assert "explorer_time_share" not in layout.mixed_config(["bert_block"])
-    assert Layout(tmp_path, 480.0, "structural_variants=0").mixed_config(["bert_block"]) is None
+    assert "structural_variants=0 (now 3)" in layout.mixed_config(pending, ("gradient",))
+    assert "explorer_time_share" not in layout.mixed_config(pending, ("gradient",))
+    pinned = Layout(tmp_path, 480.0, "structural_variants=0")
+    assert pinned.mixed_config(pending, ("gradient",)) is None
     done = subprocess.run(
         [sys.executable, str(BENCH / "search_efficiency.py"), "--work", str(tmp_path),
          "--budget", "480", "--models", "bert_block"],

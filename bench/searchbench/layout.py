@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -135,22 +135,23 @@ class Layout:
         layout's new runs would search with (``a=1 (now 2), ...``); None if it does not, or
         if it recorded none (runs from before it was recorded cannot be told apart). A field
         the record lacks is newer than the run, which searched with its first default."""
-        from gradtune.search.gradient_search import GradientConfig
-
         then = result.get("gradient_config_effective")
         if then is None:
             return None
         now = self.gradient_effective()
-        default = json.loads(json.dumps(GradientConfig()._asdict()))
+        default = replace(self, gradient_config="").gradient_effective()
         then = {key: then.get(key, FIRST_DEFAULTS.get(key, default.get(key))) for key in now}
         moved = [f"{key}={then[key]!r} (now {now[key]!r})" for key in sorted(now)
                  if then[key] != now[key]]  # fmt: skip
         return ", ".join(moved) or None
 
-    def mixed_config(self, models: list[str]) -> str | None:
-        """Why new gradient runs of ``models`` would not be of the configuration the layout's
-        finished ones ran (a default moved since), in one line; None if they would be."""
-        for model in models:
+    def mixed_config(self, specs: list[RunSpec], searches: tuple[str, ...]) -> str | None:
+        """Why the runs of ``specs`` still to make whose searcher is one of ``searches`` (the
+        gradient search's) would not be of the configuration the layout's finished ones ran (a
+        default moved since), in one line; None if they would be. Finished runs are never
+        made again, so a finished layout renders as it is."""
+        pending = [s.model for s in specs if s.searcher in searches and not self.finished(s)]
+        for model in dict.fromkeys(pending):
             for result in self.results(model):
                 if moved := self.config_moved(result):
                     return (

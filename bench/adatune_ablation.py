@@ -187,6 +187,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"adatune_ablation: note: {len(held_out)} of the models are in no zoo; the "
               f"issue asks for {HELD_OUT_NEEDED}", flush=True)  # fmt: skip
     runs = plan(models, args.repeats, configs)
+    for config, layout in [] if args.render else layouts.items():
+        # A configuration names GradientConfig overrides; the rest are today's defaults, which
+        # move: its unfinished runs must search like its finished ones.
+        mixed = layout.mixed_config([s for c, s in runs if c == config], ("gradient",))
+        if mixed:
+            print(f"adatune_ablation: {mixed}; use another --work", file=sys.stderr)
+            return 2
     completed = True
     if not args.render:
         completed = orchestrate(layouts, runs, models, args.out)

@@ -237,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         stem += f"_{args.measure}"
     mixed = None if args.render else layout.mixed_config(specs, ("gradient",))
     if mixed:
-        print(f"search_efficiency: {mixed}", file=sys.stderr)
+        print(f"search_efficiency: {mixed}; name it with --gradient-config, or use another --work",
+              file=sys.stderr)  # fmt: skip
         return 2
     if not args.render:
         completed = driver.run_all(layout, specs, lambda: render(layout, specs, args.out, stem))

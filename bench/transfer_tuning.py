@@ -162,7 +162,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = plan(models, args.repeats)
     mixed = None if args.render else layout.mixed_config(specs, (FULL, WARM))
     if mixed:
-        print(f"transfer_tuning: {mixed}", file=sys.stderr)
+        print(f"transfer_tuning: {mixed}; name it with --gradient-config, or use another --work",
+              file=sys.stderr)  # fmt: skip
         return 2
     completed = True
     if not args.render:

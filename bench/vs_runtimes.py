@@ -21,7 +21,9 @@ Protocol:
 
 Resumable: each model's result is ``WORK/results/<model>.json`` and a model whose result
 matches the budget and the model's source is skipped (delete the file to redo it); a tune
-that did not finish is started again from nothing, so the budget holds.
+that did not finish is started again from nothing, so the budget holds. So is a model tuned
+with gradient-search defaults that have moved since (its ``gradient_config``, every field the
+tune's summary.json recorded).
 
     .venv/bin/python bench/vs_runtimes.py [--budget 480] [--models ...] [--work DIR]
     .venv/bin/python bench/vs_runtimes.py --render     # gather the finished models only
@@ -47,7 +49,13 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from searchbench.layout import add_work_and_out, resolve_out, write_json
+from searchbench.layout import (
+    add_work_and_out,
+    config_moved,
+    resolve_out,
+    today_defaults,
+    write_json,
+)
 from searchbench.models import MODELS, ROOT, BenchModel
 from searchbench.report import conditions, git_commit, machine
 
@@ -93,6 +101,8 @@ def finished(work: Path, bench: BenchModel, budget: float, trials: int) -> bool:
         result.get("budget_s") == budget
         and result.get("trials_budget") == trials
         and result.get("source_sha1") == bench.source_sha1()
+        # Tuned with the CLI's defaults of then: a default that moved since is tuned again.
+        and config_moved(result.get("gradient_config"), today_defaults()) is None
     )
 
 
@@ -104,7 +114,8 @@ def tune(work: Path, bench: BenchModel, budget: float, trials: int) -> dict[str,
     out = run_dir(work, bench.name)
     summary = out / "summary.json"
     stamp = out / "bench.json"  # what this directory was tuned with
-    wanted = {"budget_s": budget, "trials": trials, "source_sha1": bench.source_sha1()}
+    wanted = {"budget_s": budget, "trials": trials, "source_sha1": bench.source_sha1(),
+              "gradient_config": today_defaults()}  # fmt: skip
     if summary.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
         return json.loads(summary.read_text())
     if out.exists():
@@ -222,6 +233,7 @@ def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
         "budget_s": args.budget,
         "trials_budget": args.trials,
         "search": summary["search"],
+        "gradient_config": summary.get("gradient_config"),  # every field, defaults included
         "tuned_at": tuned_at(summary),
         "trials": summary["total_trials"],
         "tuning_seconds": summary["tuning_seconds"],

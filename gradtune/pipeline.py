@@ -292,6 +292,8 @@ def run_summary(
         "framework": model.framework,
         "target": job.target,
         "search": "transfer" if job.transfer_only else job.search,
+        # Every field of the gradient search's configuration (None for the other searches).
+        "gradient_config": tuned.search_config,
         # The code that tuned it ("-dirty": with uncommitted changes), for results that name it.
         provenance.GRADTUNE_COMMIT: provenance.git_commit(),
         "tasks": len(tasks),
@@ -422,6 +424,8 @@ def report_and_register_stage(
         "time_budget": job.time_budget, "tasks": len(tasks), "seed": job.seed,
         **{f"search_{k}": v for k, v in search_params.items()},
     }  # fmt: skip
+    if tuned.search_config is not None:
+        params["gradient_config"] = tuned.search_config  # one JSON value: ~30 fields
     finals = {
         k: summary[k]
         for k in ("untuned_ms", "tuned_ms", "reference_ms", "max_abs_err", "tuning_seconds")

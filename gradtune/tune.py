@@ -16,6 +16,7 @@ swallowed or crash the process. The database is repaired before it is opened
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import threading
@@ -57,6 +58,9 @@ class TuneResult:
     best_us: dict[str, float] = field(default_factory=dict)  # per task
     stopped_by_time_budget: bool = False
     search_summary: RunSummary | None = None  # the gradient search's run totals
+    # Every GradientConfig field the gradient search ran with, defaults included: they move
+    # between commits (structural_variants went from 0 to 3), and a result names its search.
+    search_config: dict[str, Any] | None = None
     default_kept: list[str] = field(default_factory=list)  # tasks no searched program beat
     measure_cost: MeasureCost = field(default_factory=MeasureCost)  # device time spent timing
     transfer: Any = None  # transfer.run.TransferStats of a transfer or warm start
@@ -426,6 +430,9 @@ def tune(
     devices.raise_if_lost()
     result.seconds = time.perf_counter() - start
     result.search_summary = session.summary
+    config = getattr(strategy, "config", None)  # a GradientConfig: only GradientSearch has one
+    if config is not None:
+        result.search_config = json.loads(json.dumps(config._asdict()))  # tuples as JSON lists
     shipped = compile_database(work_dir) if result.confirmation is not None else database
     result.default_kept = kept_defaults(shipped, tasks)
     if result.confirmation is not None:

@@ -91,3 +91,30 @@ def test_metrics_compare_each_configuration_with_the_baseline(tmp_path: Path):
     text = analysis.markdown(data, summary, configs)
     assert "| m | adaptive_only | 1 | > 100.0 |" in text
     assert analysis.plot(data, layouts, runs, tmp_path / "out" / "ablation")[0].is_file()
+
+
+def test_a_configuration_whose_defaults_moved_since_its_runs_is_refused(tmp_path: Path):
+    """A configuration names only its overrides: a default that moved since its finished runs
+    would make its next runs another search under the same name. Refused in one line, before
+    anything is prepared."""
+    import subprocess
+    import sys
+
+    from adatunebench.layout import layout_of
+    from searchbench.layout import RunSpec, write_json
+
+    from tests.conftest import BENCH, ROOT
+
+    layout = layout_of(tmp_path, 300, "baseline")
+    before = {**layout.gradient_effective(), "structural_variants": 0}
+    write_json(layout.result(RunSpec("bert_block", "gradient", 0)),
+               {"gradient_config_effective": before})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "adatune_ablation.py"), "--work", str(tmp_path),
+         "--out", str(tmp_path / "out"), "--models", "bert_block", "--configs", "baseline"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert "bert_block gradient runs of another configuration: structural_variants=0" in lines[0]
+    assert not (tmp_path / "out").exists() and not layout.prepared("bert_block").exists()

@@ -37,6 +37,12 @@ def _check_outputs(out: Path, trials: int) -> dict:
         "conv_layout": "NCHW",
         "fold_batchnorm": False,
     }
+    if summary["search"] == "gradient":  # the defaults it searched with, every field
+        from gradtune.search.gradient_search import GradientConfig
+
+        assert summary["gradient_config"] == json.loads(json.dumps(GradientConfig()._asdict()))
+    else:
+        assert summary["gradient_config"] is None
     assert summary["untuned_ms"] > 0 and summary["tuned_ms"] > 0 and summary["reference_ms"] > 0
     assert summary["max_abs_err"] < 1e-2
     assert {"import", "partition", "tune", "compile"} <= set(summary["stage_seconds"])
@@ -171,6 +177,7 @@ def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_se
     run = client.get_run(summary["run_id"])
     assert run.data.params["search"] == "gradient"
     assert "search_cost_model" in run.data.params
+    assert json.loads(run.data.params["gradient_config"]) == summary["gradient_config"]
     history = client.get_metric_history(summary["run_id"], "search_seconds")
     assert history and all(m.value > 0 for m in history)
     measure = client.get_metric_history(summary["run_id"], "measure_seconds")

@@ -62,6 +62,10 @@ def test_gradient_search_tunes_and_resumes_without_measuring_twice(
                       trials_per_round=4)  # fmt: skip
         assert result.trials == 8 and count_records(run_database(tmp_path)) == 8
         assert result.rounds and not result.search_summary.fallback_tasks
+        # What it searched with, whole (defaults move between commits), as JSON gives it back.
+        assert result.search_config["seeds"] == 4 and result.search_config["steps"] == 6
+        assert result.search_config["split_bounds"] == list(config.split_bounds)
+        assert set(result.search_config) == set(GradientConfig._fields)
         # Every batch was the gradient search's (its account joined the loop's record); the
         # trials besides each task's default schedule, never more than the budget.
         assert all(r.search is not None and 0 < r.measured <= 4 for r in result.rounds)

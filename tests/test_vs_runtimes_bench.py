@@ -24,3 +24,20 @@ def test_render_tunes_nothing_and_marks_a_partial_result(tmp_path):
     text = (tmp_path / "out" / "vs_runtimes.md").read_text()
     assert text.startswith("# gradtune against what you would deploy instead (PARTIAL)")
     assert json.loads((tmp_path / "out" / "vs_runtimes.json").read_text())["partial"] is True
+
+
+def test_a_model_tuned_with_defaults_that_moved_since_is_not_finished(tmp_path, bench_on_path):
+    """The benchmark tunes with the CLI's defaults: a result whose gradient search ran with
+    defaults that have moved since (structural_variants went from 0 to 3) is tuned again, not
+    kept beside results of today's; one recorded before results named it cannot be told."""
+    import vs_runtimes
+    from searchbench.layout import today_defaults, write_json
+    from searchbench.models import MODELS
+
+    bench = MODELS["mbconv_se"]
+    record = {"budget_s": 480.0, "trials_budget": 5000, "source_sha1": bench.source_sha1()}
+    path = vs_runtimes.result_path(tmp_path, bench.name)
+    for config, finished in [(today_defaults(), True), (None, True),
+                             ({**today_defaults(), "structural_variants": 0}, False)]:  # fmt: skip
+        write_json(path, {**record, "gradient_config": config})
+        assert vs_runtimes.finished(tmp_path, bench, 480.0, 5000) is finished, config

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,29 @@ FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where end-to-end latency is measu
 # The first default of each ``GradientConfig`` field whose default has moved since it was
 # added: a result recorded before the field existed searched with this value, not today's.
 FIRST_DEFAULTS = {"ranked_warmup": 0, "structural_variants": 0}
+
+
+def today_defaults() -> dict[str, Any]:
+    """Every ``GradientConfig`` field at today's default, as a result's JSON gives it back."""
+    from gradtune.search.gradient_search import GradientConfig
+
+    return json.loads(json.dumps(GradientConfig()._asdict()))  # tuples as lists
+
+
+def config_moved(
+    then: dict[str, Any] | None, now: dict[str, Any], default: dict[str, Any] | None = None
+) -> str | None:
+    """How a recorded gradient configuration ``then`` differs from ``now`` (``a=1 (now 2),
+    ...``); None if it does not, or if none was recorded (runs from before it was recorded
+    cannot be told apart). A field the record lacks is newer than the run, which searched with
+    its first default (``FIRST_DEFAULTS``, else ``default``'s: today's unless given)."""
+    if then is None:
+        return None
+    default = today_defaults() if default is None else default
+    then = {key: then.get(key, FIRST_DEFAULTS.get(key, default.get(key))) for key in now}
+    moved = [f"{key}={then[key]!r} (now {now[key]!r})" for key in sorted(now)
+             if then[key] != now[key]]  # fmt: skip
+    return ", ".join(moved) or None
 
 
 @dataclass(frozen=True)
@@ -132,18 +155,8 @@ class Layout:
 
     def config_moved(self, result: dict[str, Any]) -> str | None:
         """How the gradient configuration ``result`` recorded differs from the one this
-        layout's new runs would search with (``a=1 (now 2), ...``); None if it does not, or
-        if it recorded none (runs from before it was recorded cannot be told apart). A field
-        the record lacks is newer than the run, which searched with its first default."""
-        then = result.get("gradient_config_effective")
-        if then is None:
-            return None
-        now = self.gradient_effective()
-        default = replace(self, gradient_config="").gradient_effective()
-        then = {key: then.get(key, FIRST_DEFAULTS.get(key, default.get(key))) for key in now}
-        moved = [f"{key}={then[key]!r} (now {now[key]!r})" for key in sorted(now)
-                 if then[key] != now[key]]  # fmt: skip
-        return ", ".join(moved) or None
+        layout's new runs would search with (``config_moved``)."""
+        return config_moved(result.get("gradient_config_effective"), self.gradient_effective())
 
     def mixed_config(self, specs: list[RunSpec], searches: tuple[str, ...]) -> str | None:
         """Why the runs of ``specs`` still to make whose searcher is one of ``searches`` (the
@@ -155,8 +168,7 @@ class Layout:
             for result in self.results(model):
                 if moved := self.config_moved(result):
                     return (
-                        f"{self.root} holds {model} gradient runs of another configuration: "
-                        f"{moved}; name it with --gradient-config, or use another --work"
+                        f"{self.root} holds {model} gradient runs of another configuration: {moved}"
                     )
         return None
 

@@ -178,3 +178,8 @@ def test_variants_replace_the_descents_last_picks_after_a_tasks_first_batch(
     search.history.append((1e-4, k, decisions))
     session.trials_left = 1
     assert len(search.generate_measure_candidates()) == 1 and search._structural == 1
+    # A small batch gives variants a quarter of the descent's places, as the CLI's batch of 25
+    # does (3 of 13), not all but one: ``./run``'s batch of 8 leaves the descent 4.
+    search.history.append((1e-5, k, decisions))
+    session.trials_left = 5
+    assert len(search.generate_measure_candidates()) == 5 and search._structural == 1

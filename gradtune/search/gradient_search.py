@@ -226,8 +226,9 @@ class GradientConfig(NamedTuple):
         deferred, each task's build overlaps the measurement of the batches before it. With
         ``random_warmup``, the first result came at 27–34 s instead of 40–72 s.
     structural_variants : int, default 3
-        Up to this many of the descent's picks of each batch after a task's first are instead
-        unmeasured variants of the task's fastest measured programs
+        Up to this many of the descent's picks of each batch after a task's first (and at
+        most a quarter of them, at least one) are instead unmeasured variants of the task's
+        fastest measured programs
         (``STRUCTURAL_ELITES``): each one's one-thread variant and its whole-register variants
         (``search.structural``), the latter ordered by score. On CPUs only. Why: the features
         give the vector and parallel extents only as magnitudes, and on the search benchmark's
@@ -530,9 +531,12 @@ class GradientSearch(ReportingStrategy):
             found = self._random_programs(n) if self._sampled else self._evolved_programs(n)
             explored = self._unmeasured(found, n)
         taken = {(k, decision_key(d)) for _, k, d in explored if d is not None}
-        # In place of the descent's picks, never beside them: a batch cut short by the trial
-        # budget (``--trials``) has no room for more.
-        room = min(self.config.structural_variants, count - len(explored))
+        # In place of the descent's picks, never beside them (a batch cut short by the trial
+        # budget, ``--trials``, has no room for more), and at most a quarter of them: the
+        # share measured at the CLI's batch of 25 (3 of the descent's 13), which a small
+        # batch would otherwise give over to variants (3 of ``./run``'s 4).
+        places = count - len(explored)
+        room = min(self.config.structural_variants, places, max(1, places // 4))
         variants = [] if first else self._variants(room, taken)
         taken |= {(k, decision_key(d)) for k, d, _ in variants}
         self._structural = len(variants)

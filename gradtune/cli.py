@@ -19,12 +19,15 @@ from .errors import GradtuneError
 from .job import TuneJob
 
 
-def _prefect_defaults() -> None:
+def _environment_defaults() -> None:
     # Ephemeral Prefect's first start in a new PREFECT_HOME takes ~18 s on 2 cores; the default
     # timeout is tighter than that. Analytics would phone out of a machine with no internet.
     os.environ.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "90")
     os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
     os.environ.setdefault("PREFECT_LOGGING_EXTRA_LOGGERS", "gradtune")
+    # Registering reads the stored files back (their digests, MLflow's own checks): a progress
+    # bar per download nobody asked for. ``gradtune pull``, which is one, keeps its bars.
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
 
 
 class _DropUserErrors(logging.Filter):
@@ -285,6 +288,7 @@ def add_register_parser(sub) -> None:
 def cmd_register(args: argparse.Namespace) -> int:
     from .pipeline import print_summary, register_run_dir
 
+    _environment_defaults()
     print_summary(register_run_dir(Path(args.out_dir), args.mlflow_uri))
     return 0
 
@@ -385,9 +389,7 @@ def cmd_retune(args: argparse.Namespace) -> int:
     check_device(read_target_spec(args.target))
     for spec in specs:  # a model that fails on its own inputs: one line before Prefect starts
         load_model(spec.path, spec.entry, spec.input_shapes)
-    _prefect_defaults()
-    # One progress bar per downloaded file (the judge pulls two versions) drowns a CI log.
-    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")
+    _environment_defaults()
     retune_on_change = load_flow("retune", "retune_on_change")
     _quiet_prefect_user_errors()
     from .target import parse_target
@@ -507,7 +509,7 @@ def cmd_dataset(args: argparse.Namespace) -> int:
         builder_workers=args.builder_workers,
         seed=args.seed,
     )
-    _prefect_defaults()
+    _environment_defaults()
     collect_dataset = load_flow("collect_dataset")
     _quiet_prefect_user_errors()
     resume = "rerun the same command to resume (measured records are kept)"
@@ -728,7 +730,7 @@ def _supervise_tune(module_argv: list[str], env: dict[str, str]) -> int:
 def _tune_here(job: TuneJob) -> int:
     """The tuning flow, in the process ``_supervise_tune`` started."""
     try:
-        _prefect_defaults()
+        _environment_defaults()
         tune_model = load_flow("tune_model")
         _quiet_prefect_user_errors()
         from .pipeline import print_summary
@@ -797,7 +799,7 @@ def cmd_pretrain(args: argparse.Namespace) -> int:
         from .preflight import check_tracking_uri
 
         check_tracking_uri(args.mlflow_uri)
-    _prefect_defaults()
+    _environment_defaults()
     pretrain_cost_model = load_flow("pretrain_cost_model")
     _quiet_prefect_user_errors()
     summary = pretrain_cost_model(

@@ -18,7 +18,6 @@ import math
 import os
 import shutil
 import tempfile
-import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -170,17 +169,12 @@ def register(registration: Registration, tracking_uri: str, out_dir: Path) -> di
             mlflow.log_artifact(str(path), artifact_path="database")
         for name in reg.report_files:
             mlflow.log_artifact(str(out_dir / name), artifact_path="report")
-        with warnings.catch_warnings():
-            # MLflow nudges towards type-hinted predict(); the VM takes several input forms.
-            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict`")
-            info = mlflow.pyfunc.log_model(
-                name="model",
-                python_model=str(SERVING_CODE),
-                artifacts={key: str(path) for key, path in artifacts.items()},
-                pip_requirements=pip_requirements(
-                    "apache-tvm", "apache-tvm-ffi", "numpy", "mlflow"
-                ),
-            )
+        info = mlflow.pyfunc.log_model(
+            name="model",
+            python_model=str(SERVING_CODE),
+            artifacts={key: str(path) for key, path in artifacts.items()},
+            pip_requirements=pip_requirements("apache-tvm", "apache-tvm-ffi", "numpy", "mlflow"),
+        )
         files = stored_manifest(info.model_uri, uploaded)
         version = create_version(
             reg.registered_name, reg.alias, info.model_uri, info.model_id, run.info.run_id, files,

@@ -61,7 +61,11 @@ class TVMRelaxModel(mlflow.pyfunc.PythonModel):
         lib = tvm.runtime.load_module(context.artifacts["lib"])
         self.vm = relax.VirtualMachine(lib, self.dev)
 
-    def predict(self, context, model_input, params=None):
+    # The hint is for MLflow, which reads it when this class is defined: for an ndarray it
+    # neither validates nor converts the input (a list or dict passes as it is), while no hint
+    # at all prints a "type hints" warning on every registration and load that a warnings
+    # filter cannot silence (MLflow re-enables UserWarnings around that check).
+    def predict(self, context, model_input: np.ndarray, params=None):
         import tvm
 
         specs = self.io["inputs"]

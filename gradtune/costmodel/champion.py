@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,15 +54,13 @@ def register(
             mlflow.log_metrics(finite)
         if card is not None and card.is_file():
             mlflow.log_artifact(str(card), artifact_path="card")
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*Add type hints to the `predict`")
-            info = mlflow.pyfunc.log_model(
-                name="costmodel",
-                python_model=str(Path(__file__).with_name("costmodel_serving.py")),
-                artifacts={"weights": str(weights)},
-                registered_model_name=name,
-                pip_requirements=pip_requirements("torch", "numpy", "mlflow"),
-            )
+        info = mlflow.pyfunc.log_model(
+            name="costmodel",
+            python_model=str(Path(__file__).with_name("costmodel_serving.py")),
+            artifacts={"weights": str(weights)},
+            registered_model_name=name,
+            pip_requirements=pip_requirements("torch", "numpy", "mlflow"),
+        )
         version = str(info.registered_model_version)
     MlflowClient().set_registered_model_alias(name, ALIAS, version)
     return {"run_id": run.info.run_id, "version": version, "registered": f"{name}@{ALIAS}"}

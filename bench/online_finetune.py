@@ -159,7 +159,7 @@ def fraction_weights(
 ) -> Path:
     """Weights pretrained (params.yaml's ``pretrain``, seed ``seed``) on ``fraction_groups``;
     F = 0: the untrained network of that seed. Cached under ``base``/costmodels by ``tag``
-    (the workloads left out and the features file)."""
+    (the workloads left out, the features file and the training settings)."""
     import torch
     from searchbench import api
     from searchbench.prepare import pretrain_params
@@ -226,19 +226,23 @@ def fractions_of(
     sys.path.insert(0, str(ROOT / "bench"))
     from searchbench import api
     from searchbench.models import MODELS
-    from searchbench.prepare import excluded_workloads, features_path, file_sha1
+    from searchbench.prepare import excluded_workloads, features_path, file_sha1, pretrain_params
 
     groups = api.training_groups(features_path())
     names = {g.name for g in groups}
-    features_tag = file_sha1(features_path())[:10]
+    # What else decides the weights: the features file's content and params.yaml's training
+    # settings (the seed is in the file name, the paths say nothing).
+    paths = ("seed", "weights", "features")
+    settings = {k: v for k, v in pretrain_params().items() if k not in paths}
+    trained_on = {**settings, "features_sha1": file_sha1(features_path())}
     manifest = api.manifest_workloads(ROOT / "data")
     out = {}
     for model in models:
         keys = json.loads((base / "prepared" / f"{model}.json").read_text())["task_keys"]
         excluded, _, _ = excluded_workloads(MODELS[model], keys, manifest)
         # Models that remove the same workloads (none, for held-out ones) share weights.
-        removed = json.dumps(sorted(excluded & names))
-        tag = f"{hashlib.sha1(removed.encode()).hexdigest()[:10]}-{features_tag}"
+        identity = json.dumps({"removed": sorted(excluded & names), **trained_on}, sort_keys=True)
+        tag = hashlib.sha1(identity.encode()).hexdigest()[:16]
         for f in fractions:
             for seed in range(seeds if 0 < f < 1 else 1):
                 path = fraction_weights(base, tag, groups, excluded, f, seed)

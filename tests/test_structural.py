@@ -109,7 +109,14 @@ def test_variants_run_on_one_thread_or_fill_whole_registers(llvm_target, small_c
     # The one-thread variant comes first: it moves the outer factors only.
     assert shapes[0][1] == 1 or all(aligned(v, 16) for v, _ in shapes)
     probes = sym.probes
-    assert neighbours.variants(0, sym, decisions) is variants and sym.probes == probes
+    assert neighbours.variants(0, sym, decisions) == variants and sym.probes == probes
+    # Without the one-thread variant (``one_thread_below_us`` of a slower program): the
+    # whole-register ones alone, from the same cache.
+    whole = neighbours.variants(0, sym, decisions, one_thread=False)
+    dropped = len(variants) - len(whole)
+    assert dropped in (0, 1) and whole == variants[dropped:] and sym.probes == probes
+    assert all(aligned(vec, 16) for vec, _ in shapes[dropped:])
+    assert dropped == 0 or shapes[0][1] == 1
 
 
 def test_variants_replace_the_descents_last_picks_after_a_tasks_first_batch(
@@ -150,6 +157,15 @@ def test_variants_replace_the_descents_last_picks_after_a_tasks_first_batch(
     search.notify_runner_results(first, results)
     assert not search.history
     search.history.append((1e-3, *elite))
+    # ``one_thread_below_us`` under the elite's 1 ms: its one-thread variant is not asked for.
+    k, sym = elite[0], search.sketches[elite[0]]
+    serial = {decision_key(v) for v in search.structural.variants(k, sym, elite[1])} - {
+        decision_key(v) for v in search.structural.variants(k, sym, elite[1], one_thread=False)
+    }
+    every = {decision_key(v) for _, v, _ in search._variants(8, set())}
+    search.config = search.config._replace(one_thread_below_us=100.0)
+    assert {decision_key(v) for _, v, _ in search._variants(8, set())} == every - serial
+    search.config = search.config._replace(one_thread_below_us=0.0)
     candidates = search.generate_measure_candidates()
     assert len(candidates) == 8
     k = elite[0]

@@ -242,6 +242,16 @@ class GradientConfig(NamedTuple):
         evolutionary search the worst model went from 0.91× to 0.96× and the geomean from
         1.26× to 1.33× (``bench/results/search_efficiency_emeraldrapids_structural_variants3.md``).
         0 turns it off.
+    one_thread_below_us : float, default 0.0
+        Above 0: ``structural_variants`` builds the one-thread variant only of programs
+        measured faster than this many µs (their whole-register variants still of every one).
+        Why one would: waking the second core costs a few µs, which matters to a kernel of
+        tens of µs, not of hundreds; yet on squeeze_fire (Emerald Rapids) the fire module's
+        expand convolution, ~100 µs, shipped one-thread in 2 of 3 runs, and re-timed quietly
+        one of the two was 1.4× slower than recorded
+        (``bench/results/confirm_replay_emeraldrapids_structural_variants3_k4.md``): timed
+        while the builder shares the cores, a one-thread program is the one contention
+        hurts least. Not yet benchmarked, so off.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
         search starts (weight × the default schedule's measured latency, over all n tasks;
@@ -280,6 +290,7 @@ class GradientConfig(NamedTuple):
     build_at_first_batch: bool = True
     warmup_by_share: bool = False
     structural_variants: int = 3
+    one_thread_below_us: float = 0.0
 
     @property
     def needs_ensemble(self) -> bool:
@@ -560,13 +571,14 @@ class GradientSearch(ReportingStrategy):
         programs (``structural_variants``), the best-scored first, with their scores."""
         if self.structural is None or count <= 0:
             return []
+        gate = self.config.one_thread_below_us
         found: dict[tuple, tuple[int, dict]] = {}
-        for k, elites in self._elites(STRUCTURAL_ELITES).items():
-            for decisions in elites:
-                for variant in self.structural.variants(k, self.sketches[k], decisions):
-                    key = (k, decision_key(variant))
-                    if key not in self.measured and key not in exclude:
-                        found.setdefault(key, (k, variant))
+        for seconds, k, decisions in self._fastest(STRUCTURAL_ELITES):
+            one_thread = gate <= 0 or seconds * 1e6 < gate
+            for variant in self.structural.variants(k, self.sketches[k], decisions, one_thread):
+                key = (k, decision_key(variant))
+                if key not in self.measured and key not in exclude:
+                    found.setdefault(key, (k, variant))
         scored = []
         for k, variant in found.values():
             feats = self.sketches[k].features_at(variant, "smooth", refit=False)
@@ -783,17 +795,20 @@ class GradientSearch(ReportingStrategy):
         points += [sym.variables.random_point(self.rng) for _ in range(randoms)]
         return np.stack(points)
 
+    def _fastest(self, count: int) -> list[tuple[float, int, dict]]:
+        """The ``count`` fastest distinct measured programs: (seconds, sketch, decisions)."""
+        chosen: dict[tuple, tuple[float, int, dict]] = {}
+        for seconds, k, decisions in sorted(self.history, key=lambda h: h[0]):
+            if len(chosen) >= count:
+                break
+            chosen.setdefault((k, decision_key(decisions)), (seconds, k, decisions))
+        return list(chosen.values())
+
     def _elites(self, count: int) -> dict[int, list[dict]]:
         """The ``count`` fastest distinct measured programs, grouped by sketch."""
         chosen: dict[int, list[dict]] = {}
-        seen = set()
-        for _, k, decisions in sorted(self.history, key=lambda h: h[0]):
-            if len(seen) >= count:
-                break
-            key = (k, decision_key(decisions))
-            if key not in seen:
-                seen.add(key)
-                chosen.setdefault(k, []).append(decisions)
+        for _, k, decisions in self._fastest(count):
+            chosen.setdefault(k, []).append(decisions)
         return chosen
 
     def _search(self, count: int, exclude: set | None = None) -> list[tuple[int, dict, float]]:

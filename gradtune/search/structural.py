@@ -139,30 +139,37 @@ class StructuralNeighbours:
 
     def __init__(self, lanes: int) -> None:
         self.lanes = lanes
-        self._cache: dict[tuple, list[dict[int, Any]]] = {}
+        # (sketch, decision key) -> (the one-thread variant or None, whole-register variants)
+        self._cache: dict[tuple, tuple[dict[int, Any] | None, list[dict[int, Any]]]] = {}
 
-    def variants(self, k: int, sym: SymbolicSketch, decisions: dict[int, Any]) -> list[dict]:
-        """The one-thread variant of ``decisions`` if it runs in parallel, and whole-register
-        variants if its vector extent does not fill whole registers; each checked on its
-        replayed program. The one-thread variant first: it moves one decision kind only."""
+    def variants(
+        self, k: int, sym: SymbolicSketch, decisions: dict[int, Any], one_thread: bool = True
+    ) -> list[dict]:
+        """The one-thread variant of ``decisions`` if it runs in parallel (and ``one_thread``),
+        and whole-register variants if its vector extent does not fill whole registers; each
+        checked on its replayed program. The one-thread variant first: it moves one decision
+        kind only."""
         key = (k, decision_key(decisions))
         if key not in self._cache:
             self._cache[key] = self._verified(sym, decisions)
-        return self._cache[key]
+        serial, whole = self._cache[key]
+        return [serial, *whole] if one_thread and serial is not None else list(whole)
 
-    def _verified(self, sym: SymbolicSketch, decisions: dict[int, Any]) -> list[dict]:
+    def _verified(
+        self, sym: SymbolicSketch, decisions: dict[int, Any]
+    ) -> tuple[dict[int, Any] | None, list[dict[int, Any]]]:
         probe = sym.replay(decisions)
         if probe is None:
-            return []
+            return None, []
         vec, par = vec_and_par(probe.schedule.mod)
-        found = []
         serial = serial_decisions(sym, decisions) if par > 1 else None
-        if serial is not None and (p := sym.replay(serial)) is not None:
-            if vec_and_par(p.schedule.mod)[1] == 1:
-                found.append(serial)
+        if serial is not None:
+            p = sym.replay(serial)
+            serial = serial if p is not None and vec_and_par(p.schedule.mod)[1] == 1 else None
+        whole = []
         if not aligned(vec, self.lanes):
             for candidate in aligned_decisions(sym, decisions, self.lanes):
                 p = sym.replay(candidate)
                 if p is not None and aligned(vec_and_par(p.schedule.mod)[0], self.lanes):
-                    found.append(candidate)
-        return found
+                    whole.append(candidate)
+        return serial, whole

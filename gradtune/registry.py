@@ -169,12 +169,15 @@ def register(registration: Registration, tracking_uri: str, out_dir: Path) -> di
             mlflow.log_artifact(str(path), artifact_path="database")
         for name in reg.report_files:
             mlflow.log_artifact(str(out_dir / name), artifact_path="report")
-        info = mlflow.pyfunc.log_model(
-            name="model",
-            python_model=str(SERVING_CODE),
-            artifacts={key: str(path) for key, path in artifacts.items()},
-            pip_requirements=pip_requirements("apache-tvm", "apache-tvm-ffi", "numpy", "mlflow"),
-        )
+        with quiet_signature_notice():
+            info = mlflow.pyfunc.log_model(
+                name="model",
+                python_model=str(SERVING_CODE),
+                artifacts={key: str(path) for key, path in artifacts.items()},
+                pip_requirements=pip_requirements(
+                    "apache-tvm", "apache-tvm-ffi", "numpy", "mlflow"
+                ),
+            )
         files = stored_manifest(info.model_uri, uploaded)
         version = create_version(
             reg.registered_name, reg.alias, info.model_uri, info.model_id, run.info.run_id, files,
@@ -185,6 +188,25 @@ def register(registration: Registration, tracking_uri: str, out_dir: Path) -> di
         "version": version,
         "registered": f"{reg.registered_name}@{reg.alias}",
     }
+
+
+class _NoSignatureNotice(logging.Filter):
+    """MLflow logs that it cannot infer a signature from ``predict``'s ndarray hint; none is
+    wanted: the served model takes an array, a list or a dict."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith("Failed to infer model signature: Type hint")
+
+
+@contextlib.contextmanager
+def quiet_signature_notice():
+    """``mlflow.pyfunc.log_model`` without MLflow's notice of the signature it did not infer."""
+    logger, notice = logging.getLogger("mlflow.pyfunc"), _NoSignatureNotice()
+    logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        logger.removeFilter(notice)
 
 
 def stored_manifest(model_uri: str, uploaded: dict[str, str]) -> dict[str, str]:

@@ -40,7 +40,12 @@ def register(
     from mlflow import MlflowClient
 
     from gradtune.preflight import check_tracking_uri
-    from gradtune.registry import mlflow_param, pip_requirements, use_experiment
+    from gradtune.registry import (
+        mlflow_param,
+        pip_requirements,
+        quiet_signature_notice,
+        use_experiment,
+    )
 
     check_tracking_uri(tracking_uri)
     use_experiment(tracking_uri, EXPERIMENT)
@@ -54,13 +59,14 @@ def register(
             mlflow.log_metrics(finite)
         if card is not None and card.is_file():
             mlflow.log_artifact(str(card), artifact_path="card")
-        info = mlflow.pyfunc.log_model(
-            name="costmodel",
-            python_model=str(Path(__file__).with_name("costmodel_serving.py")),
-            artifacts={"weights": str(weights)},
-            registered_model_name=name,
-            pip_requirements=pip_requirements("torch", "numpy", "mlflow"),
-        )
+        with quiet_signature_notice():
+            info = mlflow.pyfunc.log_model(
+                name="costmodel",
+                python_model=str(Path(__file__).with_name("costmodel_serving.py")),
+                artifacts={"weights": str(weights)},
+                registered_model_name=name,
+                pip_requirements=pip_requirements("torch", "numpy", "mlflow"),
+            )
         version = str(info.registered_model_version)
     MlflowClient().set_registered_model_alias(name, ALIAS, version)
     return {"run_id": run.info.run_id, "version": version, "registered": f"{name}@{ALIAS}"}

@@ -16,7 +16,6 @@ swallowed or crash the process. The database is repaired before it is opened
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import threading
@@ -432,7 +431,7 @@ def tune(
     result.search_summary = session.summary
     config = getattr(strategy, "config", None)  # a GradientConfig: only GradientSearch has one
     if config is not None:
-        result.search_config = json.loads(json.dumps(config._asdict()))  # tuples as JSON lists
+        result.search_config = config.as_json()
     shipped = compile_database(work_dir) if result.confirmation is not None else database
     result.default_kept = kept_defaults(shipped, tasks)
     if result.confirmation is not None:

@@ -36,19 +36,17 @@ def today_defaults() -> dict[str, Any]:
     """Every ``GradientConfig`` field at today's default, as a result's JSON gives it back."""
     from gradtune.search.gradient_search import GradientConfig
 
-    return json.loads(json.dumps(GradientConfig()._asdict()))  # tuples as lists
+    return GradientConfig().as_json()
 
 
-def config_moved(
-    then: dict[str, Any] | None, now: dict[str, Any], default: dict[str, Any] | None = None
-) -> str | None:
+def config_moved(then: dict[str, Any] | None, now: dict[str, Any]) -> str | None:
     """How a recorded gradient configuration ``then`` differs from ``now`` (``a=1 (now 2),
     ...``); None if it does not, or if none was recorded (runs from before it was recorded
     cannot be told apart). A field the record lacks is newer than the run, which searched with
-    its first default (``FIRST_DEFAULTS``, else ``default``'s: today's unless given)."""
+    its first default (``FIRST_DEFAULTS``, else today's)."""
     if then is None:
         return None
-    default = today_defaults() if default is None else default
+    default = today_defaults()
     then = {key: then.get(key, FIRST_DEFAULTS.get(key, default.get(key))) for key in now}
     moved = [f"{key}={then[key]!r} (now {now[key]!r})" for key in sorted(now)
              if then[key] != now[key]]  # fmt: skip
@@ -150,8 +148,7 @@ class Layout:
         overrides over today's defaults, which move (``ranked_warmup`` went from 0 to 256)."""
         from gradtune.search.gradient_search import GradientConfig
 
-        # As result.json gives it back (tuples as lists), so the two compare equal.
-        return json.loads(json.dumps(GradientConfig(**self.gradient_kwargs())._asdict()))
+        return GradientConfig(**self.gradient_kwargs()).as_json()
 
     def config_moved(self, result: dict[str, Any]) -> str | None:
         """How the gradient configuration ``result`` recorded differs from the one this

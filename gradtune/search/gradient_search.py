@@ -12,6 +12,7 @@ model is searched by MetaSchedule's EvolutionarySearch instead (logged and count
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import time
@@ -291,6 +292,10 @@ class GradientConfig(NamedTuple):
     warmup_by_share: bool = False
     structural_variants: int = 3
     one_thread_below_us: float = 0.0
+
+    def as_json(self) -> dict[str, Any]:
+        """Every field as a JSON record gives it back (tuples as lists), so the two compare."""
+        return json.loads(json.dumps(self._asdict()))
 
     @property
     def needs_ensemble(self) -> bool:

@@ -20,7 +20,6 @@ in no state to handle anything gentler, and what it was measuring belongs to a d
 
 from __future__ import annotations
 
-import importlib
 import os
 import runpy
 import select
@@ -30,10 +29,7 @@ import sys
 import threading
 import time
 
-USAGE = (
-    "usage: python -m gradtune.lifeline OWNER_PID [--remove DIR] [--after HOST:PORT] "
-    "MODULE [ARG ...]"
-)
+USAGE = "usage: python -m gradtune.lifeline OWNER_PID [--remove DIR] MODULE [ARG ...]"
 
 
 def watch_owner(owner: int, remove: str | None = None) -> None:
@@ -70,39 +66,18 @@ def _wait_for_exit(owner: int) -> None:
         os.close(fd)
 
 
-def await_port(host: str, port: int, poll: float = 0.1) -> None:
-    """Return once ``host:port`` accepts a connection (the owner stops this process if it never
-    does)."""
-    from .measure.rpc_fleet import port_open
-
-    while not port_open(host, port):
-        time.sleep(poll)
-
-
 def main(argv: list[str]) -> None:
-    """Run ``MODULE`` as ``__main__`` with ``ARG ...`` as its arguments, watching ``OWNER``.
-
-    ``--after HOST:PORT`` runs it only once that port accepts connections, its package
-    imported meanwhile: an RPC server then starts with its tracker rather than after it (its
-    package, TVM, takes seconds to import), and TVM's own client, which retries a refused
-    connection only every 5 s, never has to."""
+    """Run ``MODULE`` as ``__main__`` with ``ARG ...`` as its arguments, watching ``OWNER``."""
     try:
         owner = int(argv[0])
-        remove = after = None
+        remove = None
         rest = argv[1:]
         if rest[:1] == ["--remove"]:
             remove, rest = rest[1], rest[2:]
-        if rest[:1] == ["--after"]:
-            host, _, port = rest[1].rpartition(":")
-            after, rest = (host, int(port)), rest[2:]
         module, args = rest[0], rest[1:]
     except (IndexError, ValueError):
         sys.exit(USAGE)
     watch_owner(owner, remove)
-    if after is not None:
-        # The package, not the module: run_module warns about a module imported before it runs.
-        importlib.import_module(module.partition(".")[0])
-        await_port(*after)
     sys.argv = [module, *args]
     runpy.run_module(module, run_name="__main__", alter_sys=True)
 

@@ -24,7 +24,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -42,7 +41,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from gradtune.database_repair import repair_database
 from gradtune.errors import GradtuneError
-from gradtune.measure.rpc_fleet import LocalFleet, Tracker, check_fleet_host, free_port, port_open
+from gradtune.measure.rpc_fleet import LocalFleet, Tracker, check_fleet_host, free_port
 from gradtune.measure.rpc_session import (
     BoundedSession,
     DevicesLost,
@@ -294,27 +293,6 @@ def test_a_helper_process_dies_with_its_owner_killed_with_9(tmp_path):
     assert not logs.exists()
 
 
-def test_a_helper_given_a_port_to_await_runs_only_once_it_listens():
-    """``--after HOST:PORT``: how the fleet's servers start beside their tracker."""
-    tracker, served = free_port(), free_port()
-    member = subprocess.Popen(
-        [sys.executable, "-m", "gradtune.lifeline", str(os.getpid()), "--after",
-         f"127.0.0.1:{tracker}", "http.server", str(served), "--bind", "127.0.0.1"],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
-    try:
-        time.sleep(2)
-        assert member.poll() is None and not port_open("127.0.0.1", served)
-        with socket.create_server(("127.0.0.1", tracker)):
-            deadline = time.monotonic() + 10
-            while not port_open("127.0.0.1", served):
-                assert time.monotonic() < deadline, "the module did not start after the port"
-                time.sleep(0.1)
-    finally:
-        member.kill()
-        member.wait()
-
-
 POOL_OWNER = textwrap.dedent("""
     import os, sys, time
     from tvm.support.popen_pool import PopenPoolExecutor
@@ -363,6 +341,7 @@ def _alive(proc: psutil.Process) -> bool:
 
 # --------------------------------------------------------------------------- real tuning runs
 
+FLEET_MEMBER = "gradtune.measure.fleet_member"  # the module a fleet's tracker and servers run
 TRIALS = 4  # two tasks: a first batch of 2 each, the smallest run with something left to resume
 
 
@@ -406,8 +385,8 @@ class TuneRun:
         return found
 
     def fleet(self) -> list[psutil.Process]:
-        fleet = [p for p in self.processes() if "tvm.exec.rpc_" in " ".join(p.cmdline())]
-        assert any("rpc_tracker" in " ".join(p.cmdline()) for p in fleet), "no RPC fleet"
+        fleet = [p for p in self.processes() if FLEET_MEMBER in p.cmdline()]
+        assert any("tracker" in p.cmdline() for p in fleet), "no RPC fleet"
         return fleet
 
 
@@ -502,7 +481,7 @@ def test_a_signal_mid_tune_stops_it_within_10_s_and_resume_finishes_it(tmp_path,
     logs = _log_dirs(fleet)
     if sig == signal.SIGTERM:
         for proc in fleet:
-            if "rpc_server" in " ".join(proc.cmdline()):
+            if "server" in proc.cmdline():
                 for worker in proc.children(recursive=True):
                     worker.suspend()
     start = time.monotonic()
@@ -640,16 +619,15 @@ WAIT = MeasureSettings(server_wait_sec=5)
 
 
 def server_procs(fleet: LocalFleet) -> list[psutil.Process]:
-    """The fleet's ``rpc_server`` processes (the tracker is the first one started)."""
+    """The fleet's server processes (the tracker is the first one started)."""
     return [psutil.Process(p.pid) for p in fleet._procs[1:]]
 
 
 def session_worker(server: psutil.Process) -> psutil.Process | None:
-    """The process serving a session right now: the server forks one per session, below its
-    listening worker."""
-    for child in server.children(recursive=True):
+    """The process serving a session right now: the server forks one per session."""
+    for child in server.children():
         try:
-            if child.parent().pid != server.pid and child.status() != psutil.STATUS_ZOMBIE:
+            if child.status() != psutil.STATUS_ZOMBIE:
                 return child
         except psutil.NoSuchProcess:
             continue
@@ -690,7 +668,7 @@ def run_secs_in_commit_order(work_dir) -> list[list[float]]:
 
 
 def sessions_logged(server_log: str) -> tuple[int, int]:
-    """(sessions opened, sessions finished) in an ``rpc_server`` log."""
+    """(sessions opened, sessions finished) in a fleet server's log."""
     text = open(server_log, errors="replace").read()
     return text.count("connected from"), text.count("finish serving")
 

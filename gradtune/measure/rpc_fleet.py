@@ -147,19 +147,14 @@ class LocalFleet:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def _spawn(self, args: list[str], after: str | None = None) -> subprocess.Popen:
-        """``after`` (``HOST:PORT``): run ``args`` only once that port listens (the lifeline's
-        ``--after``)."""
+    def _spawn(self, role: str, args: list[str]) -> subprocess.Popen:
         if self._log_dir is None:
             self._log_dir = tempfile.mkdtemp(prefix="gradtune-rpc-")
-        log_path = os.path.join(
-            self._log_dir, f"{args[0].rsplit('.', 1)[-1]}-{len(self._procs)}.log"
-        )
+        log_path = os.path.join(self._log_dir, f"rpc_{role}-{len(self._procs)}.log")
         lifeline = ["gradtune.lifeline", str(os.getpid()), "--remove", self._log_dir]
-        lifeline += ["--after", after] if after else []
         with open(log_path, "wb") as log_file:
             proc = subprocess.Popen(
-                [sys.executable, "-m", *lifeline, *args],
+                [sys.executable, "-m", *lifeline, "gradtune.measure.fleet_member", role, *args],
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=subprocess.STDOUT,
@@ -175,15 +170,15 @@ class LocalFleet:
         self.tracker = Tracker(self.host, port, self.key)
         log.info("starting RPC tracker on %s:%d", self.host, port)
         tracker_args = ["--host", self.host, "--port", str(port), "--port-end", str(port + 1)]
-        self._spawn(["tvm.exec.rpc_tracker", *tracker_args])
+        self._spawn("tracker", tracker_args)
         # The servers start beside the tracker, importing TVM while it does, and connect once
-        # it listens.
+        # it listens (gradtune.measure.fleet_member).
         for _ in range(self.num_servers):
             server_port = free_port()
             server_args = ["--host", self.host, "--port", str(server_port)]
             server_args += ["--port-end", str(server_port + 1)]
             server_args += ["--tracker", f"{self.host}:{port}", "--key", self.key]
-            self._spawn(["tvm.exec.rpc_server", *server_args], after=f"{self.host}:{port}")
+            self._spawn("server", server_args)
         self._wait(lambda: port_open(self.host, port), "RPC tracker did not start")
         # Registration takes seconds; measuring before it completes makes every trial fail.
         self._wait(

@@ -8,6 +8,7 @@ import contextlib
 import json
 import logging
 import os
+import subprocess
 import sys
 import traceback
 import warnings
@@ -545,12 +546,28 @@ _RELAYED_BY = "GRADTUNE_RELAYED_BY"
 _RELAYED_MLFLOW_URI = "GRADTUNE_RELAYED_MLFLOW_URI"
 
 
+def _start_in_own_session(
+    module_argv: list[str], env: dict[str, str] | None = None, held: bool = False
+) -> subprocess.Popen:
+    """``python -m MODULE ARG ...`` started as the leader of a new session, dying with this
+    process (``gradtune.lifeline``); ``env`` is added to its environment. ``held``: its stdin
+    is a pipe from this process (a held tuning process waits on it for ``_GO``)."""
+    environment = {**os.environ, **(env or {}), _RELAYED_BY: str(os.getpid())}
+    argv = [sys.executable, "-m", "gradtune.lifeline", str(os.getpid()), *module_argv]
+    stdin = subprocess.PIPE if held else None
+    return subprocess.Popen(argv, env=environment, start_new_session=True, stdin=stdin)
+
+
 def _run_in_own_session(
-    module_argv: list[str], kill_after: float | None = None, env: dict[str, str] | None = None
+    module_argv: list[str],
+    kill_after: float | None = None,
+    env: dict[str, str] | None = None,
+    started: subprocess.Popen | None = None,
 ) -> tuple[int, int | None]:
-    """Run ``python -m MODULE ARG ...`` as the leader of a new session, relaying SIGINT and
-    SIGTERM to it; returns its exit code and the first signal relayed (None if none). ``env``
-    is added to its environment.
+    """Run ``python -m MODULE ARG ...`` as the leader of a new session (``started``: that
+    process, already started by ``_start_in_own_session``), relaying SIGINT and SIGTERM to it;
+    returns its exit code and the first signal relayed (None if none). ``env`` is added to its
+    environment.
 
     A terminal's Ctrl-C signals its whole foreground process group (so does ``kill -- -PGID``):
     Prefect's temporary API server and TVM's build and run workers would die with the batch in
@@ -564,10 +581,9 @@ def _run_in_own_session(
     has exited is killed in any case: those are its helpers.
     """
     import signal
-    import subprocess
     import time
 
-    child: subprocess.Popen | None = None
+    child = started
     early: list[int] = []  # signals from before the child existed, sent once it does
     relayed: list[int] = []
     deadline = [None]  # monotonic time at which to kill the child's group
@@ -584,9 +600,8 @@ def _run_in_own_session(
     handled = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, relay) for sig in handled}
     try:
-        environment = {**os.environ, **(env or {}), _RELAYED_BY: str(os.getpid())}
-        argv = [sys.executable, "-m", "gradtune.lifeline", str(os.getpid()), *module_argv]
-        child = subprocess.Popen(argv, env=environment, start_new_session=True)
+        if child is None:
+            child = _start_in_own_session(module_argv, env)
         for signum in early:
             child.send_signal(signum)
         while True:
@@ -685,27 +700,75 @@ def cmd_tune(args: argparse.Namespace) -> int:
         fold_batchnorm=args.fold_batchnorm,
     )
     if os.environ.get(_RELAYED_BY) == str(os.getppid()):
-        # The process of _run_in_own_session: its parent checked everything (checked_job).
-        from .job import make_job
-
+        # The process of _run_in_own_session: its parent checks everything (checked_job).
         settings["mlflow_uri"] = os.environ.get(_RELAYED_MLFLOW_URI)
-        return _tune_here(make_job(args.target, **settings))
-    checked_job(args.target, **settings)
+        return _tune_when_told(args.target, settings)
     secret = {_RELAYED_MLFLOW_URI: args.mlflow_uri} if args.mlflow_uri else {}
-    return _supervise_tune(_tune_argv(args), secret)
+    # The tuning process starts at once, importing what it needs while this one checks the job
+    # (~10 s each on 2 cores, no longer one after the other); it tunes only once told to.
+    held = _start_in_own_session(_tune_argv(args), secret, held=True)
+    try:
+        checked_job(args.target, **settings)
+    except BaseException:
+        _kill_group(held.pid)
+        held.wait()
+        raise
+    with contextlib.suppress(BrokenPipeError):  # it died warming up: its exit code says how
+        held.stdin.write(_GO)
+        held.stdin.close()
+    return _supervise_tune(_tune_argv(args), secret, held)
+
+
+# What a held tuning process waits for on its stdin: the job passed its checks.
+_GO = b"go\n"
+
+
+def _tune_when_told(target: str | None, settings: dict) -> int:
+    """The tuning process of ``cmd_tune``: warm up while its parent checks the job, then tune
+    once told to. Until then it says nothing: the parent reports bad input, in one line."""
+    _environment_defaults()  # before Prefect reads its settings
+    load_flow("tune_model")  # Prefect, MLflow, PyTorch, TVM: the seconds worth overlapping
+    with contextlib.suppress(Exception), _stderr_to_devnull():
+        from .frontend import load_model
+
+        # The import stage then reuses it; a model that fails is the parent's to report (and
+        # ONNX Runtime writes its errors to the process's stderr itself, past Python).
+        load_model(settings["model"], settings["entry"], settings["input_shapes"])
+    if sys.stdin.buffer.readline() != _GO:
+        return 1  # refused (the parent said why and stops this process) or the parent died
+    from .job import make_job
+
+    return _tune_here(make_job(target, **settings))
+
+
+@contextlib.contextmanager
+def _stderr_to_devnull():
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
 
 
 # The tuning flow stops itself within stop.GRACE_SECONDS of a signal; this is the backstop.
 _TUNE_KILL_AFTER = 7.0
 
 
-def _supervise_tune(module_argv: list[str], env: dict[str, str]) -> int:
+def _supervise_tune(
+    module_argv: list[str], env: dict[str, str], started: subprocess.Popen | None = None
+) -> int:
     """Run the tuning in its own session (``_run_in_own_session``), so that however it is
     blocked, a signal ends it within ``_TUNE_KILL_AFTER`` seconds; say how it ended if not on
     its own."""
     import signal
 
-    code, signum = _run_in_own_session(module_argv, _TUNE_KILL_AFTER, env)
+    code, signum = _run_in_own_session(module_argv, _TUNE_KILL_AFTER, env, started)
     # Checking the job (the model's import) may have left worker processes of this one;
     # they would outlive an os._exit.
     import psutil

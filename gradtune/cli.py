@@ -727,13 +727,15 @@ def _tune_when_told(target: str | None, settings: dict) -> int:
     """The tuning process of ``cmd_tune``: warm up while its parent checks the job, then tune
     once told to. Until then it says nothing: the parent reports bad input, in one line."""
     _environment_defaults()  # before Prefect reads its settings
-    load_flow("tune_model")  # Prefect, MLflow, PyTorch, TVM: the seconds worth overlapping
-    with contextlib.suppress(Exception), _stderr_to_devnull():
+    # What fails here fails again once told, where it is reported (or the parent refuses it).
+    with contextlib.suppress(Exception):
+        load_flow("tune_model")  # Prefect, MLflow, PyTorch, TVM: the seconds worth overlapping
         from .frontend import load_model
 
-        # The import stage then reuses it; a model that fails is the parent's to report (and
-        # ONNX Runtime writes its errors to the process's stderr itself, past Python).
-        load_model(settings["model"], settings["entry"], settings["input_shapes"])
+        # The import stage then reuses it. ONNX Runtime writes a model's errors to the
+        # process's stderr itself, past Python.
+        with _stderr_to_devnull():
+            load_model(settings["model"], settings["entry"], settings["input_shapes"])
     if sys.stdin.buffer.readline() != _GO:
         return 1  # refused (the parent said why and stops this process) or the parent died
     from .job import make_job

@@ -706,7 +706,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     secret = {_RELAYED_MLFLOW_URI: args.mlflow_uri} if args.mlflow_uri else {}
     # The tuning process starts at once, importing what it needs while this one checks the job
     # (~10 s each on 2 cores, no longer one after the other); it tunes only once told to.
-    held = _start_in_own_session(_tune_argv(args), secret, held=True)
+    argv = _tune_argv(args)
+    held = _start_in_own_session(argv, secret, held=True)
     try:
         checked_job(args.target, **settings)
     except BaseException:
@@ -716,7 +717,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with contextlib.suppress(BrokenPipeError):  # it died warming up: its exit code says how
         held.stdin.write(_GO)
         held.stdin.close()
-    return _supervise_tune(_tune_argv(args), secret, held)
+    return _supervise_tune(argv, secret, held)
 
 
 # What a held tuning process waits for on its stdin: the job passed its checks.

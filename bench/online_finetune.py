@@ -228,7 +228,7 @@ def fractions_of(
     from searchbench.models import MODELS
     from searchbench.prepare import excluded_workloads, features_path, file_sha1, pretrain_params
 
-    groups = api.training_groups(features_path())
+    groups = api.training_groups(features_path(), pretrain_params()["machines"])
     names = {g.name for g in groups}
     # What else decides the weights: the features file's content and params.yaml's training
     # settings (the seed is in the file name, the paths say nothing).

@@ -269,3 +269,38 @@ def test_an_ablation_adopts_the_default_configurations_finished_evolutionary_run
     assert ablation.adopt(grad) is None and not ablation.finished(grad)
     assert Layout(tmp_path, 480.0, "steps=32", "adaptive").adopt(evo) is None
     assert default.adopt(evo) is None  # the default configuration tunes its own
+
+
+def test_leave_out_weights_are_cached_per_choice_of_machines(tmp_path):
+    """params.yaml's ``pretrain.machines`` decides which records are trained on, so weights
+    trained on another choice are never taken from the cache; the default's key is the one
+    it had before the choice existed, so caches made then are still found."""
+    import hashlib
+    import json
+
+    import numpy as np
+    import torch
+    from searchbench.layout import Layout
+    from searchbench.prepare import cached_weights, file_sha1
+
+    from gradtune.costmodel.train import Group
+
+    torch.manual_seed(0)
+    groups = [
+        Group(f"k{w}", "fam", [torch.randn(2, 164) for _ in range(4)], np.arange(1.0, 5.0))
+        for w in range(3)
+    ]
+    features = tmp_path / "features.pt"
+    features.write_bytes(b"records")
+    layout = Layout(tmp_path, 480.0)
+    layout.costmodels.mkdir(parents=True)
+    params = {"loss": "rank", "epochs": 1, "lr": 7e-4, "seed": 0, "machines": "target"}
+    default, info = cached_weights(layout, groups, {"k1"}, params, features)
+    assert info["workloads"] == 2 and default.is_file()
+    before = {"removed": ["k1"], "features": file_sha1(features), **params}
+    del before["machines"]
+    key = hashlib.sha1(json.dumps(before, sort_keys=True).encode()).hexdigest()[:16]
+    assert default.name == f"{key}.pt"
+    mixed, _ = cached_weights(layout, groups, {"k1"}, {**params, "machines": "all"}, features)
+    assert mixed != default and mixed.is_file()
+    assert cached_weights(layout, groups, {"k1"}, params, features)[0] == default

@@ -108,11 +108,12 @@ def manifest_workloads(data_dir: Path) -> dict[str, Any]:
     return load_manifest(data_dir)["workloads"]
 
 
-def training_groups(features: Path) -> list[Any]:
-    """The ``pretrain`` stage's training groups (``Group.name`` is the workload key)."""
+def training_groups(features: Path, machines: str) -> list[Any]:
+    """The ``pretrain`` stage's training groups (``Group.name`` is the workload key), of the
+    records of the machines ``machines`` selects (params.yaml's ``pretrain.machines``)."""
     from gradtune.costmodel.pretrain import load_groups
 
-    groups, _meta = load_groups(features)
+    groups, _meta = load_groups(features, machines)
     return groups
 
 

@@ -60,9 +60,12 @@ def cached_weights(
     cached). Keyed by the workloads actually removed, so models that remove none share one."""
     settings = {k: params[k] for k in ("loss", "epochs", "lr", "seed")}
     removed = sorted(excluded & {g.name for g in groups})
-    identity = json.dumps(
-        {"removed": removed, "features": file_sha1(features), **settings}, sort_keys=True
-    )
+    key = {"removed": removed, "features": file_sha1(features), **settings}
+    if params["machines"] != "target":
+        # Only a choice other than the default joins the key, so that weights cached before
+        # the choice existed (all trained on the target's machines) are still found.
+        key["machines"] = params["machines"]
+    identity = json.dumps(key, sort_keys=True)
     weights = layout.costmodels / f"{hashlib.sha1(identity.encode()).hexdigest()[:16]}.pt"
     info_path = weights.with_suffix(".json")
     if weights.is_file() and info_path.is_file():
@@ -86,7 +89,7 @@ def prepare(model: BenchModel, layout: Layout) -> dict[str, Any]:
     excluded, by_model, by_hash = excluded_workloads(model, keys, manifest)
     params = pretrain_params()
     features = features_path()
-    groups = api.training_groups(features)
+    groups = api.training_groups(features, params["machines"])
     in_training = leaked(groups, keys)
     weights, info = cached_weights(layout, groups, excluded, params, features)
     ensemble = None

@@ -86,6 +86,8 @@ VARIANTS = {
     "prepack+fast_math": {**_PLAIN, "weight_prepack": True, "fast_math": True},
     "nhwc": {**_PLAIN, "conv_layout": "NHWC"},
     "nhwc+fast_math": {**_PLAIN, "conv_layout": "NHWC", "fast_math": True},
+    "nchwc": {**_PLAIN, "conv_layout": "NCHWc"},
+    "nchwc+fast_math": {**_PLAIN, "conv_layout": "NCHWc", "fast_math": True},
     "fold_bn": {**_PLAIN, "fold_batchnorm": True},
     "fold_bn+fast_math": {**_PLAIN, "fold_batchnorm": True, "fast_math": True},
 }
@@ -174,19 +176,20 @@ def ranked(tasks: list[Any], count: int, operator: str | None = None) -> list[An
 def kernel_key(task: Any) -> tuple:
     """What names a kernel in every lowering: its operators without the prefix an
     approximation adds or drops (``tir+sigmoid`` / ``fast+sigmoid``) and with a BatchNorm's
-    decomposition as the bias ``add`` its folding leaves; and the extents of its data, weights
-    and output, each argument's sorted: another data layout permutes them (NCHW / NHWC,
-    weights OIHW / HWIO). The per-channel constants between them differ when BatchNorm is
-    folded."""
+    decomposition as the bias ``add`` its folding leaves, a blocked convolution as a
+    convolution; and the sizes of its data, weights and output: another data layout permutes
+    or blocks their extents (NCHW / NHWC / NCHW8c, weights OIHW / HWIO / OIHW8i8o), never their
+    sizes. The per-channel constants between them differ when BatchNorm is folded."""
+    import math
     import re
 
     from tvm.s_tir.meta_schedule.arg_info import ArgInfo
 
-    ops = re.sub(r"\b(tir|fast)\+", "", task.kernel_class)
+    ops = re.sub(r"\b(tir|fast)\+", "", task.kernel_class).replace("conv2d_NCHWc", "conv2d")
     ops = ops.replace("subtract+divide+multiply+add", "add")
     args = ArgInfo.from_prim_func(task.mod["main"])
-    shapes = [tuple(sorted(int(d) for d in arg.shape)) for arg in args]
-    return ops, tuple(shapes[:2] + shapes[-1:])
+    sizes = [math.prod(int(d) for d in arg.shape) for arg in args]
+    return ops, tuple(sizes[:2] + sizes[-1:])
 
 
 def same_kernels(plain: list[Any], tasks: list[Any], chosen: list[Any]) -> list[Any]:

@@ -92,11 +92,3 @@ APPROXIMATIONS = {
     "relax.exp": fast_exp,
     "relax.nn.softmax": fast_softmax,
 }
-
-
-def legalize_pass() -> Any:
-    """``LegalizeOps`` with the approximations; run before the target's legalize passes (whose
-    own ``LegalizeOps`` then has nothing left to do for these operators)."""
-    from tvm import relax
-
-    return relax.transform.LegalizeOps(customize_legalize_map=APPROXIMATIONS)

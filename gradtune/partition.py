@@ -45,7 +45,8 @@ def kernel_class(task_name: str) -> str:
     ops = [_SUFFIX.sub("", op) or op for op in name.split("_") if op]
     # Op names such as conv2d_transpose contain "_": keep known multi-word ops together.
     joined = "+".join(ops)
-    for compound in ("conv2d+transpose", "conv1d+transpose", "conv3d+transpose", "batch+matmul"):
+    compounds = ("conv2d+transpose", "conv1d+transpose", "conv3d+transpose", "batch+matmul")
+    for compound in (*compounds, "conv2d+NCHWc"):
         joined = joined.replace(compound, compound.replace("+", "_"))
     return joined
 
@@ -97,8 +98,9 @@ def operator_family(kernel_class: str) -> str:
     return OTHER_FAMILY
 
 
-# Data layout → the kernel layout ``ConvertLayout`` gives 2-D convolutions' weights in it.
-CONV_LAYOUTS = {"NCHW": "OIHW", "NHWC": "HWIO"}
+# Data layout → the kernel layout ``ConvertLayout`` gives 2-D convolutions' weights in it;
+# NCHWc's block is the target's register lanes (``nchwc.layouts``).
+CONV_LAYOUTS = {"NCHW": "OIHW", "NHWC": "HWIO", "NCHWc": "OIHWio"}
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class Lowering:
         two largest SiLU convolutions it took evolutionary search from 228-270 µs and 97-123 µs
         (no better than their default schedules) to under 50 µs and 20 µs at the same 64 trials
         (``bench/results/lowering.md``).
-    conv_layout : {"NCHW", "NHWC"}, default "NCHW"
+    conv_layout : {"NCHW", "NHWC", "NCHWc"}, default "NCHW"
         The data layout 2-D convolutions are tuned in. ``"NHWC"`` runs Relax's
         ``ConvertLayout`` (weights HWIO) before legalization: the output channels become the
         innermost, contiguous axis of the output and of the weights, so a vectorized loop
@@ -131,7 +133,9 @@ class Lowering:
         over output columns (strided loads at stride 2, short rows late in a network). The
         elementwise operators after a convolution follow its layout; a transpose is left
         only where an NCHW tensor enters or leaves that region (the model's input). The
-        weights' transposition is folded into the constants.
+        weights' transposition is folded into the constants. ``"NCHWc"`` (CPU targets) blocks
+        the channels by one vector register's lanes, each chunk innermost (``nchwc``): a
+        convolution whose channel counts do not divide by the block stays NCHW.
     fold_batchnorm : bool, default False
         A BatchNorm after a 2-D convolution is folded into its weights and a bias (Relax's
         ``FoldBatchnormToConv2D``, then ``FoldConstant``), as ONNX Runtime folds it. Unfolded,
@@ -184,24 +188,48 @@ def prepare(
     from tvm import relax
     from tvm.relax import pipeline
 
-    if lowering.weight_prepack and target.kind.name != "llvm":
+    cpu = target.kind.name == "llvm"
+    if lowering.weight_prepack and not cpu:
         raise GradtuneError(f"weight prepacking is for CPU targets (llvm), not {target.kind.name}")
+    if lowering.conv_layout == "NCHWc" and not cpu:
+        raise GradtuneError(
+            f"NCHWc convolutions are for CPU targets (llvm), not {target.kind.name}"
+        )
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     seq = []
     if lowering.fold_batchnorm:
         # Before ConvertLayout: the fold handles OIHW convolution weights only.
         seq += [relax.transform.FoldBatchnormToConv2D(), relax.transform.FoldConstant()]
-    if lowering.conv_layout != "NCHW":
-        layouts = [lowering.conv_layout, CONV_LAYOUTS[lowering.conv_layout]]
-        seq.append(relax.transform.ConvertLayout({"relax.nn.conv2d": layouts}))
-    seq += [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
+    decompose = [relax.transform.DecomposeOpsForInference(), relax.transform.CanonicalizeBindings()]
+    custom = {}
+    if lowering.conv_layout == "NCHWc":
+        from . import nchwc
+        from .search.structural import register_lanes
+
+        # Decomposed first: ConvertLayout gives batch_norm no blocked layout, while its
+        # per-channel arithmetic follows the convolution's and fuses into its kernel.
+        seq += decompose
+        blocked = {"relax.nn.conv2d": nchwc.layouts(register_lanes(target))}
+        # ConvertLayout converts an activation once per consumer (a residual's skip and its
+        # convolution each get their own copy): one is enough.
+        seq += [relax.transform.ConvertLayout(blocked), relax.transform.EliminateCommonSubexpr()]
+        custom["relax.nn.conv2d"] = nchwc.legalize_conv2d
+    else:
+        if lowering.conv_layout != "NCHW":
+            layouts = [lowering.conv_layout, CONV_LAYOUTS[lowering.conv_layout]]
+            seq.append(relax.transform.ConvertLayout({"relax.nn.conv2d": layouts}))
+        seq += decompose
+    if lowering.fast_math:
+        from .fast_math import APPROXIMATIONS
+
+        custom.update(APPROXIMATIONS)
     with target:
         seq += pipeline.library_dispatch_passes(target)
-        if lowering.fast_math:
-            from .fast_math import legalize_pass
-
-            seq.append(legalize_pass())
+        if custom:
+            # Before the target's legalize passes, whose own LegalizeOps then has nothing
+            # left to do for these operators.
+            seq.append(relax.transform.LegalizeOps(customize_legalize_map=custom))
         seq += pipeline.legalize_passes(target)
         if lowering.conv_layout != "NCHW":
             # The weights' transposes are now kernels of constants: computed once, here,

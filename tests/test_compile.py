@@ -195,6 +195,52 @@ def test_nhwc_lowering_tunes_convolutions_channels_last_and_keeps_the_outputs(ll
     assert compilation.verify(runner.outputs(), model.reference_outputs, "NHWC") < 1e-4
 
 
+def test_nchwc_lowering_blocks_convolutions_by_the_registers_lanes_and_keeps_the_outputs(
+    llvm_target,
+):
+    """``conv_layout="NCHWc"``: every convolution whose channels divide by the target's
+    register lanes runs blocked (``topi.nn.conv2d_NCHWc``), its BatchNorm arithmetic fused into
+    its kernel; the stem's 3 input channels do not divide, so it stays NCHW; activations are
+    converted only where the blocked chain begins and ends, weights never at run time; the
+    model still matches its reference outputs."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    from gradtune.frontend import load_model
+    from gradtune.partition import extract
+    from gradtune.search.structural import register_lanes
+
+    lanes = register_lanes(llvm_target)
+    model = load_model(EXAMPLES / "small_cnn.py")
+    fused = prepare(model.mod, model.params, llvm_target, Lowering(conv_layout="NCHWc"))
+    tasks = extract(fused, llvm_target)
+    blocked = [t for t in tasks if t.kernel_class.startswith("conv2d_NCHWc+")]
+    assert len(blocked) == 3 and all("divide" in t.kernel_class for t in blocked)
+    for task in blocked:
+        data, weight = (
+            tuple(int(d) for d in a.shape) for a in ArgInfo.from_prim_func(task.mod["main"])[:2]
+        )
+        assert len(data) == 5 and data[-1] == lanes, (task.name, data)
+        assert len(weight) == 6 and weight[-2:] == (lanes, lanes), (task.name, weight)
+    assert [t.kernel_class for t in tasks if t.kernel_class.startswith("conv2d+")] == [
+        "conv2d+subtract+divide+multiply+add+relu"
+    ]
+    # Into the blocked chain after the stem, out of it before the classifier: no weight.
+    transforms = [t for t in tasks if "layout+transform" in t.kernel_class]
+    assert 1 <= len(transforms) <= 3 and sum(t.weight for t in transforms) <= 3
+    runner = compilation.Runner(compilation.build(fused, llvm_target), llvm_target, model.inputs)
+    assert compilation.verify(runner.outputs(), model.reference_outputs, "NCHWc") < 1e-4
+
+
+def test_nchwc_is_refused_for_a_gpu_target():
+    import tvm
+
+    from gradtune.frontend import load_model
+
+    model = load_model(EXAMPLES / "small_cnn.py")
+    with pytest.raises(GradtuneError, match="NCHWc convolutions are for CPU targets"):
+        prepare(model.mod, model.params, tvm.target.Target("cuda"), Lowering(conv_layout="NCHWc"))
+
+
 def test_an_unknown_convolution_layout_is_one_line():
     with pytest.raises(GradtuneError, match="unknown convolution layout 'NCHW16c'"):
         Lowering(conv_layout="NCHW16c")

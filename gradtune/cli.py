@@ -214,9 +214,10 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--conv-layout",
         default="NCHW",
-        choices=["NCHW", "NHWC"],
+        choices=["NCHW", "NHWC", "NCHWc"],
         help="the data layout 2-D convolutions are tuned in; NHWC puts output channels "
-        "innermost, where vectors span them (default: NCHW, the model's own)",
+        "innermost, where vectors span them; NCHWc (CPU) blocks channels by a vector "
+        "register's lanes, each block innermost (default: NCHW, the model's own)",
     )
     parser.add_argument(
         "--fold-batchnorm",
@@ -501,8 +502,8 @@ def cmd_dataset(args: argparse.Namespace) -> int:
 
         tracker = parse_tracker(args.tracker, args.key)
         check_tracker(tracker)
-    if os.environ.get(_RELAYED_BY) != str(os.getppid()):  # see _run_in_own_session
-        return _run_in_own_session(_collect_argv(args))[0]
+    if os.environ.get(_RELAYED_BY) != str(os.getppid()):  # see _relay_signals
+        return _relay_signals(_start_in_own_session(_collect_argv(args)))[0]
     settings = CollectSettings(
         random_per_workload=args.random,
         evolutionary_per_workload=args.evolutionary,
@@ -558,33 +559,28 @@ def _start_in_own_session(
     return subprocess.Popen(argv, env=environment, start_new_session=True, stdin=stdin)
 
 
-def _run_in_own_session(
-    module_argv: list[str],
-    kill_after: float | None = None,
-    env: dict[str, str] | None = None,
-    started: subprocess.Popen | None = None,
+def _relay_signals(
+    child: subprocess.Popen, kill_after: float | None = None
 ) -> tuple[int, int | None]:
-    """Run ``python -m MODULE ARG ...`` as the leader of a new session (``started``: that
-    process, already started by ``_start_in_own_session``), relaying SIGINT and SIGTERM to it;
-    returns its exit code and the first signal relayed (None if none). ``env`` is added to its
-    environment.
+    """Wait for ``child``, the leader of a session of its own (``_start_in_own_session``),
+    relaying SIGINT and SIGTERM to it; returns its exit code and the first signal relayed
+    (None if none).
 
     A terminal's Ctrl-C signals its whole foreground process group (so does ``kill -- -PGID``):
     Prefect's temporary API server and TVM's build and run workers would die with the batch in
     flight, and the flow with them. In a session of its own, the command hears only the
-    signals relayed here, each of which stops it cleanly.
+    signals relayed here, each of which stops it cleanly. A signal before this is called stops
+    this process as usual, and the child with it: it dies with this process
+    (``gradtune.lifeline``), a kill -9 of it included, and takes its process group along.
 
-    The child dies with this process (``gradtune.lifeline``), a kill -9 of it included, and
-    takes its process group along. With ``kill_after``, the group is also SIGKILLed that many
-    seconds after the first signal if the child still runs (a second signal: at once), for the
-    child may be blocked where no signal reaches. What is left of the group once the child
-    has exited is killed in any case: those are its helpers.
+    With ``kill_after``, the group is also SIGKILLed that many seconds after the first signal
+    if the child still runs (a second signal: at once), for the child may be blocked where no
+    signal reaches. What is left of the group once the child has exited is killed in any case:
+    those are its helpers.
     """
     import signal
     import time
 
-    child = started
-    early: list[int] = []  # signals from before the child existed, sent once it does
     relayed: list[int] = []
     deadline = [None]  # monotonic time at which to kill the child's group
 
@@ -592,18 +588,11 @@ def _run_in_own_session(
         if kill_after is not None:
             deadline[0] = time.monotonic() + (kill_after if not relayed else 0.0)
         relayed.append(signum)
-        if child is None:
-            early.append(signum)
-        else:
-            child.send_signal(signum)
+        child.send_signal(signum)
 
     handled = (signal.SIGINT, signal.SIGTERM)
     previous = {sig: signal.signal(sig, relay) for sig in handled}
     try:
-        if child is None:
-            child = _start_in_own_session(module_argv, env)
-        for signum in early:
-            child.send_signal(signum)
         while True:
             # Polled, not waited: a signal handled during a blocking wait would resume it,
             # leaving the deadline unwatched.
@@ -616,8 +605,7 @@ def _run_in_own_session(
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        if child is not None:
-            _kill_group(child.pid)
+        _kill_group(child.pid)
     code = code if code >= 0 else 128 - code  # killed by a signal: the shell's convention
     return code, (relayed[0] if relayed else None)
 
@@ -700,14 +688,13 @@ def cmd_tune(args: argparse.Namespace) -> int:
         fold_batchnorm=args.fold_batchnorm,
     )
     if os.environ.get(_RELAYED_BY) == str(os.getppid()):
-        # The process of _run_in_own_session: its parent checks everything (checked_job).
+        # The process _supervise_tune watches: its parent checks everything (checked_job).
         settings["mlflow_uri"] = os.environ.get(_RELAYED_MLFLOW_URI)
         return _tune_when_told(args.target, settings)
     secret = {_RELAYED_MLFLOW_URI: args.mlflow_uri} if args.mlflow_uri else {}
     # The tuning process starts at once, importing what it needs while this one checks the job
     # (~10 s each on 2 cores, no longer one after the other); it tunes only once told to.
-    argv = _tune_argv(args)
-    held = _start_in_own_session(argv, secret, held=True)
+    held = _start_in_own_session(_tune_argv(args), secret, held=True)
     try:
         checked_job(args.target, **settings)
     except BaseException:
@@ -717,7 +704,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     with contextlib.suppress(BrokenPipeError):  # it died warming up: its exit code says how
         held.stdin.write(_GO)
         held.stdin.close()
-    return _supervise_tune(argv, secret, held)
+    return _supervise_tune(held)
 
 
 # What a held tuning process waits for on its stdin: the job passed its checks.
@@ -763,15 +750,13 @@ def _stderr_to_devnull():
 _TUNE_KILL_AFTER = 7.0
 
 
-def _supervise_tune(
-    module_argv: list[str], env: dict[str, str], started: subprocess.Popen | None = None
-) -> int:
-    """Run the tuning in its own session (``_run_in_own_session``), so that however it is
-    blocked, a signal ends it within ``_TUNE_KILL_AFTER`` seconds; say how it ended if not on
-    its own."""
+def _supervise_tune(child: subprocess.Popen) -> int:
+    """Wait for the tuning process, in a session of its own (``_relay_signals``), so that
+    however it is blocked, a signal ends it within ``_TUNE_KILL_AFTER`` seconds; say how it
+    ended if not on its own."""
     import signal
 
-    code, signum = _run_in_own_session(module_argv, _TUNE_KILL_AFTER, env, started)
+    code, signum = _relay_signals(child, _TUNE_KILL_AFTER)
     # Checking the job (the model's import) may have left worker processes of this one;
     # they would outlive an os._exit.
     import psutil

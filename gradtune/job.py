@@ -148,6 +148,10 @@ def check_lowering(job: TuneJob) -> None:
         raise GradtuneError(
             f"--weight-prepack is for CPU targets (llvm), not {job.target.get('kind')}"
         )
+    if job.conv_layout == "NCHWc" and job.target.get("kind") != "llvm":
+        raise GradtuneError(
+            f"--conv-layout NCHWc is for CPU targets (llvm), not {job.target.get('kind')}"
+        )
 
 
 def fresh_out_dir(model: str, root: str | Path = "runs") -> str:

@@ -199,7 +199,7 @@ def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path, lower
     assert [p.name for p in out.iterdir()] == ["run.json"]
 
 
-def test_weight_prepack_is_refused_for_a_gpu_target():
+def test_cpu_only_lowerings_are_refused_for_a_gpu_target():
     from gradtune.errors import GradtuneError
     from gradtune.job import TuneJob, check_lowering
 
@@ -207,6 +207,9 @@ def test_weight_prepack_is_refused_for_a_gpu_target():
     with pytest.raises(GradtuneError, match="for CPU targets \\(llvm\\), not cuda"):
         check_lowering(job)
     check_lowering(TuneJob(model="m.onnx", target={"kind": "cuda"}, fast_math=True))
+    blocked = TuneJob(model="m.onnx", target={"kind": "cuda"}, conv_layout="NCHWc")
+    with pytest.raises(GradtuneError, match="NCHWc is for CPU targets \\(llvm\\), not cuda"):
+        check_lowering(blocked)
 
 
 def test_an_unknown_convolution_layout_is_refused_by_a_flow_too():

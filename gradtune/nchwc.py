@@ -14,6 +14,9 @@ carries the layout through the element-wise operators and pools that follow it, 
 convolutions converts its activations only where it meets an operator with no blocked layout
 (a flatten, a matmul); the weights' transforms are constants, folded at compile time. Relax
 cannot legalize a blocked convolution on its own: ``legalize_conv2d`` does.
+
+Off by default (``Lowering.conv_layout``): at 64 trials per kernel the blocked space gave faster
+programs in some runs and slower ones in others, slower by the median.
 """
 
 from __future__ import annotations
@@ -31,9 +34,10 @@ def blocked_conv2d(data: Any, kernel: Any, strides: Any, padding: Any, dilation:
     """A blocked convolution (one group) whose reduction over input channels is two loops,
     chunk and lane, as the data and the weights store them. ``topi.nn.conv2d_NCHWc`` reduces
     over one channel loop and indexes both by its quotient and remainder by the block: a
-    tile of it is no whole chunk unless the search happens to split by the block, and on
+    tile of it is no whole chunk unless the search happens to split by the block. On
     resnet18_like's three largest convolutions (Zen 3, 64 evolutionary trials each, 3 repeats)
-    it came out slower than NCHW."""
+    TOPI's came out 0.76× of NCHW per kernel, this one 0.84×, though its fastest program of each
+    beat every NCHW one (``bench/results/lowering_nchwc_znver3.md``)."""
     from tvm import te, topi
     from tvm.topi.nn.utils import get_pad_tuple
 

@@ -135,7 +135,9 @@ class Lowering:
         only where an NCHW tensor enters or leaves that region (the model's input). The
         weights' transposition is folded into the constants. ``"NCHWc"`` (CPU targets) blocks
         the channels by one vector register's lanes, each chunk innermost (``nchwc``): a
-        convolution whose channel counts do not divide by the block stays NCHW.
+        convolution whose channel counts do not divide by the block stays NCHW. Off: on
+        resnet18_like's three largest convolutions (Zen 3, 64 evolutionary trials, 3 repeats)
+        0.84× of NCHW per kernel (``bench/results/lowering_nchwc_znver3.md``).
     fold_batchnorm : bool, default False
         A BatchNorm after a 2-D convolution is folded into its weights and a bias (Relax's
         ``FoldBatchnormToConv2D``, then ``FoldConstant``), as ONNX Runtime folds it. Unfolded,

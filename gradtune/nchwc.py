@@ -1,11 +1,10 @@
 """Blocked-channel convolutions: NCHW[x]c data, OIHW[x]i[x]o weights, x a vector register's lanes.
 
 A 2-D convolution in NCHW vectorizes over output columns: at stride 2 its input loads are
-strided, and late in a network a row is shorter than a register. NHWC vectorizes over output
-channels but keeps the whole channel axis innermost, so a tile of it is a slice of a long row.
-The blocked layout splits the channels into chunks of one register's lanes and keeps each chunk
-innermost in the data, the weights and the output: a vector loads and stores whole registers of
-output channels, its weights are contiguous, and a tile of the rest is a plain loop nest. This
+strided, and late in a network a row is shorter than a register. The blocked layout splits the
+channels into chunks of one register's lanes and keeps each chunk innermost in the data, the
+weights and the output: a vector loads and stores whole registers of output channels and reads
+contiguous weights, whatever the stride or the row's length. This
 is the layout TVM's x86 convolutions were scheduled in (Relay's ``AlterOpLayout`` to
 ``conv2d_NCHWc``), and ONNX Runtime's MLAS runs convolutions NCHWc too (its ``NchwcTransformer``).
 

@@ -144,6 +144,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def add_run_options(parser: argparse.ArgumentParser) -> None:
     """Options of every command that tunes a model into an output directory (tune, transfer)."""
+    # The choices are those of the modules that act on them (neither imports a framework).
+    from .measure.runner import MEASURE_MODES
+    from .partition import CONV_LAYOUT_CHOICES
+
     parser.add_argument(
         "--entry",
         default="get_model",
@@ -188,7 +192,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--measure",
         default="fixed",
-        choices=["fixed", "adaptive"],
+        choices=MEASURE_MODES,
         help="time candidates fixed (3 × 3 runs, ≥ 20 ms each) or adaptively (until stable)",
     )
     parser.add_argument(
@@ -214,7 +218,7 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--conv-layout",
         default="NCHW",
-        choices=["NCHW", "NHWC", "NCHWc"],
+        choices=CONV_LAYOUT_CHOICES,
         help="the data layout 2-D convolutions are tuned in; NHWC puts output channels "
         "innermost, where vectors span them; NCHWc (CPU) blocks channels by a vector "
         "register's lanes, each block innermost (default: NCHW, the model's own)",
@@ -299,6 +303,8 @@ def cmd_register(args: argparse.Namespace) -> int:
 
 
 def add_retune_parser(sub) -> None:
+    from .measure.runner import MEASURE_MODES
+
     retune = sub.add_parser(
         "retune",
         help="retune the models whose fingerprint changed; promote a correct, no slower one",
@@ -332,7 +338,7 @@ def add_retune_parser(sub) -> None:
     retune.add_argument("--key", default=None, help="device key on the tracker")
     retune.add_argument("--rpc-servers", type=int, default=1, help="servers in the local fleet")
     retune.add_argument("--seed", type=int, default=0)
-    retune.add_argument("--measure", default="fixed", choices=["fixed", "adaptive"])
+    retune.add_argument("--measure", default="fixed", choices=MEASURE_MODES)
     retune.add_argument(
         "--dask-address", default=None, metavar="tcp://HOST:PORT",
         help="tune the models concurrently on this Dask cluster (default: a local cluster "

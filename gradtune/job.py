@@ -174,7 +174,7 @@ def validate(job: TuneJob) -> None:
     from .frontend import check_model_file
     from .measure.rpc_fleet import parse_tracker
     from .measure.runner import MEASURE_MODES
-    from .partition import CONV_LAYOUTS
+    from .partition import CONV_LAYOUT_CHOICES
     from .search import SEARCH_STRATEGIES
 
     check_model_file(job.model, job.input_shapes)
@@ -194,9 +194,10 @@ def validate(job: TuneJob) -> None:
         )
     if job.confirm < 0:
         raise GradtuneError(f"--confirm must be 0 or more programs per task, got {job.confirm}")
-    if job.conv_layout not in CONV_LAYOUTS:
+    if job.conv_layout not in CONV_LAYOUT_CHOICES:
         raise GradtuneError(
-            f"unknown --conv-layout {job.conv_layout!r}; choose one of {', '.join(CONV_LAYOUTS)}"
+            f"unknown --conv-layout {job.conv_layout!r}; choose one of "
+            f"{', '.join(CONV_LAYOUT_CHOICES)}"
         )
     if job.name is not None and not _NAME_RE.match(job.name):
         raise GradtuneError(f"--name {job.name!r}: use letters, digits, '.', '_' or '-'")

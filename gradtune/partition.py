@@ -98,9 +98,11 @@ def operator_family(kernel_class: str) -> str:
     return OTHER_FAMILY
 
 
-# Data layout → the kernel layout ``ConvertLayout`` gives 2-D convolutions' weights in it;
-# NCHWc's block is the target's register lanes (``nchwc.layouts``).
-CONV_LAYOUTS = {"NCHW": "OIHW", "NHWC": "HWIO", "NCHWc": "OIHWio"}
+# Data layout → the kernel layout ``ConvertLayout`` gives 2-D convolutions' weights in it.
+CONV_LAYOUTS = {"NCHW": "OIHW", "NHWC": "HWIO"}
+# NCHWc's block is the target's register lanes, so its layouts come from the target
+# (``nchwc.layouts``), not from a table.
+CONV_LAYOUT_CHOICES = (*CONV_LAYOUTS, "NCHWc")
 
 
 @dataclass(frozen=True)
@@ -152,10 +154,10 @@ class Lowering:
     fold_batchnorm: bool = False
 
     def __post_init__(self) -> None:
-        if self.conv_layout not in CONV_LAYOUTS:
+        if self.conv_layout not in CONV_LAYOUT_CHOICES:
             raise GradtuneError(
                 f"unknown convolution layout {self.conv_layout!r} (choose from "
-                f"{', '.join(CONV_LAYOUTS)})"
+                f"{', '.join(CONV_LAYOUT_CHOICES)})"
             )
 
 

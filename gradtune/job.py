@@ -144,14 +144,9 @@ def make_job(target: str | None = None, **settings: Any) -> TuneJob:
 
 def check_lowering(job: TuneJob) -> None:
     """Refuse lowering options the resolved target cannot take."""
-    if job.weight_prepack and job.target.get("kind") != "llvm":
-        raise GradtuneError(
-            f"--weight-prepack is for CPU targets (llvm), not {job.target.get('kind')}"
-        )
-    if job.conv_layout == "NCHWc" and job.target.get("kind") != "llvm":
-        raise GradtuneError(
-            f"--conv-layout NCHWc is for CPU targets (llvm), not {job.target.get('kind')}"
-        )
+    from .partition import Lowering
+
+    Lowering(**job.lowering_options()).check_target(job.target.get("kind"))
 
 
 def fresh_out_dir(model: str, root: str | Path = "runs") -> str:

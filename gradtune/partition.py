@@ -160,6 +160,18 @@ class Lowering:
                 f"{', '.join(CONV_LAYOUT_CHOICES)})"
             )
 
+    def check_target(self, kind: str) -> None:
+        """Refuse, in one line naming the option, what a target of this ``kind`` cannot take:
+        prepacked weights and blocked channels are CPU (llvm) schedules. The CLI checks before
+        anything starts, ``prepare`` for a library caller."""
+        if kind == "llvm":
+            return
+        cpu_only = {"--weight-prepack": self.weight_prepack,
+                    "--conv-layout NCHWc": self.conv_layout == "NCHWc"}  # fmt: skip
+        for flag, on in cpu_only.items():
+            if on:
+                raise GradtuneError(f"{flag} is for CPU targets (llvm), not {kind}")
+
 
 DEFAULT_LOWERING = Lowering()
 # The lowering of the bundled dataset's measurements (libm's functions, as TVM lowers them).
@@ -192,13 +204,7 @@ def prepare(
     from tvm import relax
     from tvm.relax import pipeline
 
-    cpu = target.kind.name == "llvm"
-    if lowering.weight_prepack and not cpu:
-        raise GradtuneError(f"weight prepacking is for CPU targets (llvm), not {target.kind.name}")
-    if lowering.conv_layout == "NCHWc" and not cpu:
-        raise GradtuneError(
-            f"NCHWc convolutions are for CPU targets (llvm), not {target.kind.name}"
-        )
+    lowering.check_target(target.kind.name)
     if params:
         mod = relax.transform.BindParams("main", params)(mod)
     seq = []

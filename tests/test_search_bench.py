@@ -227,19 +227,28 @@ def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_ow
 
 
 @pytest.mark.parametrize(
-    "script",
-    ["search_efficiency", "vs_runtimes", "lowering", "transfer_tuning", "adatune_ablation"],
-)
-def test_results_follow_a_work_dir_of_its_own(tmp_path, script):
+    ("script", "results"),
+    [("search_efficiency", "300s/results"), ("vs_runtimes", "results"), ("lowering", "results"),
+     ("transfer_tuning", "results"), ("adatune_ablation", "results")],
+)  # fmt: skip
+def test_results_follow_a_work_dir_of_its_own(tmp_path, script, results):
     """Only the default work directory renders into the committed bench/results/: a trial
     elsewhere once overwrote them."""
     import importlib
 
     module = importlib.import_module(script)
-    assert module.parse_args(["--work", str(tmp_path)]).out == tmp_path / "results"
+    assert module.parse_args(["--work", str(tmp_path)]).out == tmp_path / results
     assert module.parse_args([]).out == BENCH / "results"
     chosen = tmp_path / "elsewhere"
     assert module.parse_args(["--work", str(tmp_path), "--out", str(chosen)]).out == chosen
+
+
+def test_search_results_of_two_budgets_in_one_work_dir_render_apart(tmp_path):
+    """A 1440 s render once overwrote the 480 s one of the same work directory."""
+    from search_efficiency import parse_args
+
+    at = {b: parse_args(["--work", str(tmp_path), "--budget", b]).out for b in ("480", "1440")}
+    assert at == {"480": tmp_path / "480s" / "results", "1440": tmp_path / "1440s" / "results"}
 
 
 def test_an_ablation_adopts_the_default_configurations_finished_evolutionary_runs(tmp_path):

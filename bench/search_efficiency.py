@@ -118,12 +118,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     mode.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
     parser.add_argument("--per-round", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    defaulted = args.out is None
-    resolve_out(args, DEFAULT_WORK)
-    if defaulted and args.work.resolve() != DEFAULT_WORK.resolve():
-        # One work directory holds the runs of several budgets (``<budget>s/``): a render of
-        # one budget must not overwrite another's.
-        args.out = args.work / f"{args.budget:g}s" / "results"
+    # One work directory holds the runs of several budgets: a render of one budget must not
+    # overwrite another's.
+    resolve_out(args, DEFAULT_WORK, runs=Layout(args.work, args.budget).root)
     return args
 
 

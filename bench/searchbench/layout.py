@@ -268,10 +268,12 @@ def add_work_and_out(parser: Any, default_work: Path) -> None:
     )  # fmt: skip
 
 
-def resolve_out(args: Any, default_work: Path) -> None:
+def resolve_out(args: Any, default_work: Path, runs: Path | None = None) -> None:
     """``--out`` when none was given: the committed results for the default work directory
     only. A trial in a work directory of its own (another machine, a probe) must not overwrite
-    the results of the runs git holds."""
+    the results of the runs git holds. There they go in ``results/`` of ``runs``, the directory
+    of the runs rendered, where a work directory holds several sets (the search benchmark's
+    budgets), else of the work directory."""
     if args.out is None:
         same = args.work.resolve() == default_work.resolve()
-        args.out = COMMITTED_RESULTS if same else args.work / "results"
+        args.out = COMMITTED_RESULTS if same else (runs or args.work) / "results"

@@ -30,6 +30,7 @@ from gradtune.dataset.versioning import check_versioning
 from gradtune.entrypoints import load_tasks
 from gradtune.measure.rpc_fleet import Tracker
 from gradtune.target import parse_target
+from gradtune.threads import use_target_threads
 
 dataset = load_tasks("dataset", __file__)
 flow_logging.one_line_user_errors()
@@ -52,11 +53,13 @@ def collect_dataset(
     → ``dvc add`` (+ ``dvc push``); returns the dataset's summary, whether a signal stopped the
     collection, and the ``.dvc`` file written (None: not versioned)."""
     check_versioning(out, push, remote)
+    target_config = parse_target(target)
+    use_target_threads(target_config)  # before any kernel runs here or on the local fleet
     with flow_logging.to_run_logs():
         manifest, stopped = dataset.collect_records(
             out,
             zoo,
-            parse_target(target),
+            target_config,
             settings,
             tracker=tracker,
             max_workloads=max_workloads,

@@ -28,6 +28,7 @@ from gradtune.errors import GradtuneError
 from gradtune.job import make_job
 from gradtune.promotion import CHALLENGER, CHAMPION
 from gradtune.stop import exit_on_signals
+from gradtune.threads import use_target_threads
 from gradtune.transfer.library import REGISTRY
 
 tuning = load_tasks("tuning", __file__)
@@ -138,6 +139,7 @@ def retune_model(
         target, model=spec.path, entry=spec.entry, input_shapes=spec.input_shapes, name=name,
         **settings,
     )  # fmt: skip
+    use_target_threads(job.target)  # before any kernel runs here or on the local fleet
     imported = tuning.import_model(job)
     fp, parts = steps.fingerprint(imported, job.target)
     champion = steps.aliased(name, CHAMPION, uri)

@@ -21,6 +21,7 @@ from gradtune import flow_logging
 from gradtune.entrypoints import load_tasks
 from gradtune.job import fresh_out_dir, make_job
 from gradtune.stop import exit_on_signals
+from gradtune.threads import use_target_threads
 
 tuning = load_tasks("tuning", __file__)
 flow_logging.one_line_user_errors()
@@ -66,6 +67,7 @@ def tune_model(
         library_from=library_from, transfer_only=transfer_only, fast_math=fast_math,
         weight_prepack=weight_prepack, conv_layout=conv_layout, fold_batchnorm=fold_batchnorm,
     )  # fmt: skip
+    use_target_threads(job.target)  # before any kernel runs here or on the local fleet
     with exit_on_signals(), flow_logging.to_run_logs():
         imported = tuning.import_model(job)
         fused, tasks = tuning.partition_model(imported, job.target, job.lowering_options())

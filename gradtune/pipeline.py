@@ -32,6 +32,7 @@ from .redact import redact_uri
 from .search.session import RoundLog
 from .target import is_gpu, make_target
 from .task_timing import task_run_seconds
+from .threads import runtime_threads, target_threads
 from .transfer.library import load_library, write_task_table
 from .transfer.run import AUTO, Transfer, library_spec, library_uri, select_source
 from .tune import TuneResult, tune
@@ -55,6 +56,7 @@ class CompileResult:
     lib_path: Path
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {ms, error}
     peer_threads: int = 0
+    tvm_threads: int = 0  # the size of the pool TVM's runtime ran the timed kernels on
     ort_op_us: dict[str, float] = field(default_factory=dict)
     peak: dict[str, Any] | None = None
     # Set only by a compile_stage(strict=False) whose tuned build failed verification.
@@ -262,6 +264,7 @@ def compile_stage(
         lib_path=lib_path,
         peers={p.name: {"ms": latencies.get(p.name), "error": p.error} for p in contenders.peers},
         peer_threads=threads,
+        tvm_threads=runtime_threads(),
         ort_op_us=ort_op_us,
         # The peak is this CPU's: a GPU target's kernels are not measured against it.
         peak=None if is_gpu(target) else roofline.machine_peak(threads),
@@ -270,12 +273,9 @@ def compile_stage(
 
 
 def peer_threads(target_config: dict) -> int:
-    """The thread count every peer runs on: the target's ``num-cores`` (for a GPU target, the
-    host's physical cores, as a CPU target would default to)."""
-    import psutil
-
-    cores = target_config.get("num-cores")
-    return int(cores or psutil.cpu_count(logical=False) or psutil.cpu_count() or 1)
+    """The thread count every peer runs on: the one TVM's runtime runs the tuned kernels on
+    (``threads.target_threads``: the target's ``num-cores`` unless the user chose)."""
+    return target_threads(target_config)
 
 
 def run_summary(
@@ -325,6 +325,7 @@ def run_summary(
         # What a user would deploy instead, timed interleaved with the tuned model; ratio =
         # tuned ms / peer ms (below 1: the tuned model is faster).
         "peer_threads": compiled.peer_threads,
+        "tvm_threads": compiled.tvm_threads,
         "peers": {
             name: {
                 "ms": p["ms"],

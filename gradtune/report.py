@@ -62,9 +62,10 @@ def peer_lines(summary: dict[str, Any]) -> list[str]:
         "## Against what you would deploy instead",
         "",
         f"Each peer ran on {summary['peer_threads']} threads (`torch.set_num_threads`, ONNX"
-        " Runtime's `intra_op_num_threads`; TVM's kernels are compiled for the target's"
-        " `num-cores`), timed interleaved with the tuned model in one process. Ratio = tuned ms"
-        " / peer ms: below 1 the tuned model is faster.",
+        " Runtime's `intra_op_num_threads`) and the tuned model on"
+        f" {summary.get('tvm_threads') or '?'} (TVM's runtime, `TVM_NUM_THREADS`; its kernels are"
+        " compiled for the target's `num-cores`), timed interleaved in one process. Ratio = tuned"
+        " ms / peer ms: below 1 the tuned model is faster.",
         "",
         "| peer | ms | tuned / peer | why not run |",
         "|---|---:|---:|---|",

@@ -58,7 +58,9 @@ def _check_outputs(out: Path, trials: int) -> dict:
         assert f"| {name} |" in report
     ort = summary["peers"]["ONNX Runtime"]
     assert ort["ms"] > 0 and ort["ratio_vs_tuned"] == pytest.approx(summary["tuned_ms"] / ort["ms"])
-    assert summary["peer_threads"] == summary["target"]["num-cores"]
+    # Peers and the tuned model on the same count: the target's cores (TVM_NUM_THREADS).
+    assert summary["peer_threads"] == summary["tvm_threads"] == summary["target"]["num-cores"]
+    assert f"the tuned model on {summary['tvm_threads']} (TVM's runtime" in report
     # The roofline: every task against the machine's peak, ONNX Runtime's profile per group.
     roof = summary["roofline"]
     assert roof["peak"]["gflops"] > 0 and roof["peak"]["gbps"] > 0

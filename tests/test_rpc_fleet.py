@@ -7,7 +7,9 @@ import time
 
 import psutil
 import pytest
+from tvm import rpc
 
+from gradtune import threads
 from gradtune.errors import GradtuneError
 from gradtune.measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker, query_free_servers
 
@@ -29,6 +31,10 @@ def test_local_fleet_registers_and_stops_everything():
         assert tracker.host == "127.0.0.1"
         assert query_free_servers(tracker) == 2
         check_tracker(tracker)  # a user-supplied tracker goes through the same check
+        # Its servers run kernels on the threads this process chose (importing gradtune
+        # chose this machine's physical cores), not on TVM's halved default.
+        session = rpc.connect_tracker(tracker.host, tracker.port).request(tracker.key)
+        assert session.get_function("runtime.NumThreads")() == int(os.environ[threads.ENV])
         pids = [p.pid for p in fleet._procs]
         tree = [c.pid for pid in pids for c in psutil.Process(pid).children(recursive=True)]
     assert not _children_alive(pids + tree)

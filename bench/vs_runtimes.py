@@ -170,7 +170,10 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
     start = time.perf_counter()
     with peers.torch_threads(threads):
         found = peers.build_peers(model, threads, twin)
-        ms = compilation.time_interleaved({"tuned": tuned.run, **found.runnable()}, repeats)
+        ms = compilation.time_interleaved(
+            {"tuned": tuned.run, **found.runnable()}, repeats,
+            settle_seconds=compilation.SETTLE_SECONDS,
+        )  # fmt: skip
     errors = found.errors()
     peer = {p: {"ms": ms.get(p), "error": errors.get(p)} for p in peers.PEER_NAMES}
 

@@ -133,20 +133,37 @@ def verify(
     return err
 
 
+# A runtime's thread pool keeps its workers spinning after its last call, and on a machine
+# whose cores the contenders share they slow the next contender down: after a block of TVM
+# calls on 2 threads (2-core Zen 3), ONNX Runtime ran 2-3x slower for the next 0.1 s and at its
+# own speed from 0.3 s; TVM after ONNX Runtime recovered within 0.1 s. TVM's workers yield
+# TVM_THREAD_POOL_SPIN_COUNT (300,000) times before they sleep; ONNX Runtime's and OpenMP's
+# spin too. Contenders of different runtimes therefore wait this long before each block.
+SETTLE_SECONDS = 0.3
+
+
 def time_interleaved(
-    fns: dict[str, Callable[[], Any]], repeats: int = 7, min_seconds: float = 0.05
+    fns: dict[str, Callable[[], Any]],
+    repeats: int = 7,
+    min_seconds: float = 0.05,
+    settle_seconds: float = 0.0,
 ) -> dict[str, float]:
     """Median per-call latency (ms) of each function, timed in alternation
     (``time_interleaved_samples``)."""
-    samples = time_interleaved_samples(fns, repeats, min_seconds)
+    samples = time_interleaved_samples(fns, repeats, min_seconds, settle_seconds)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
 def time_interleaved_samples(
-    fns: dict[str, Callable[[], Any]], repeats: int = 7, min_seconds: float = 0.05
+    fns: dict[str, Callable[[], Any]],
+    repeats: int = 7,
+    min_seconds: float = 0.05,
+    settle_seconds: float = 0.0,
 ) -> dict[str, list[float]]:
     """Per-call latency (ms) of each function in each of ``repeats`` rounds, the functions
-    timed in alternation within every round.
+    timed in alternation within every round, each block ``settle_seconds`` after the last
+    (``SETTLE_SECONDS`` when the functions run on different runtimes' thread pools; TVM
+    modules share one pool per thread and need none).
 
     The machine is shared and noisy: interleaving exposes every contender to the same drift,
     and medians over repeats discard bursts; the spread of the samples says how far apart two
@@ -170,6 +187,7 @@ def time_interleaved_samples(
     for _ in range(repeats):
         for name, fn in fns.items():
             n = numbers[name]
+            time.sleep(settle_seconds)
             start = time.perf_counter()
             for _ in range(n):
                 fn()

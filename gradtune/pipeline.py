@@ -248,7 +248,7 @@ def compile_stage(
         reference = peers.EAGER if model.framework == "pytorch" else peers.ORT
         if reference not in fns:
             reference, fns["reference"] = "reference", model.run_reference
-        latencies = compilation.time_interleaved(fns)
+        latencies = compilation.time_interleaved(fns, settle_seconds=compilation.SETTLE_SECONDS)
         ort_op_us = contenders.ort_op_us()
     log.info(
         "latency ms: untuned %.3f, tuned %.3f, reference %.3f; max abs error %.2g",

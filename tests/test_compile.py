@@ -62,6 +62,21 @@ def test_time_interleaved_reports_each_contender():
     assert result["slow"] >= 2.0 > result["fast"]
 
 
+def test_time_interleaved_lets_the_last_contenders_threads_settle_before_each_block():
+    import time
+
+    calls = []
+    fns = {name: (lambda name=name: calls.append((name, time.perf_counter()))) for name in "ab"}
+    compilation.time_interleaved(fns, repeats=3, min_seconds=0.001, settle_seconds=0.05)
+    switches = [
+        later - earlier
+        for (was, earlier), (now, later) in zip(calls, calls[1:], strict=False)
+        if now != was
+    ]
+    # The last 5 switches are those between the 6 timed blocks (3 rounds of a then b).
+    assert len(switches) >= 5 and all(gap >= 0.05 for gap in switches[-5:]), switches
+
+
 def test_prepacked_weights_are_rewritten_by_tuned_kernels_and_folded_at_build(
     tiny_model, llvm_target, tmp_path
 ):

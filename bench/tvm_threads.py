@@ -59,14 +59,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--peer-threads", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.time is None:
-        missing = [str(m) for m in args.models if not m.is_file()]
-        if missing:
-            parser.error(f"no such model file: {', '.join(missing)}")
-        if args.repeats < 3:
-            parser.error("--repeats must be at least 3")
     resolve_out(args, DEFAULT_WORK)
     return args
+
+
+def check(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line; None when nothing is."""
+    missing = [str(m) for m in args.models if not m.is_file()]
+    if missing:
+        return f"no such model file: {', '.join(missing)}"
+    if args.repeats < 3:
+        return "--repeats must be at least 3"
+    if args.timings < 1:
+        return "--timings must be at least 1"
+    return None
 
 
 def cores() -> int:
@@ -192,6 +198,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.time is not None:
         print(json.dumps(time_library(args.time, args.model, args.peer_threads)))
         return 0
+    problem = check(args)
+    if problem:
+        print(f"tvm_threads: {problem}", file=sys.stderr)
+        return 2
     n = cores()
     if n < 2:
         print("one core: nothing to compare", file=sys.stderr)

@@ -121,7 +121,9 @@ def time_library(run: Path, model: Path, peer_threads: int) -> dict[str, float]:
         found = peers.build_peers(imported, peer_threads)
         ort = found.runnable()[peers.ORT]
         ms = compilation.time_interleaved(
-            {"tuned": tuned.run, "ort": ort}, repeats=7, settle_seconds=compilation.SETTLE_SECONDS
+            {"tuned": tuned.run, "ort": ort},
+            repeats=7,
+            pools={"tuned": "tvm", "ort": peers.POOLS[peers.ORT]},
         )
     return {"tuned_ms": ms["tuned"], "ort_ms": ms["ort"], "tvm_threads": runtime_threads()}
 

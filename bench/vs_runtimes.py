@@ -172,7 +172,7 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
         found = peers.build_peers(model, threads, twin)
         ms = compilation.time_interleaved(
             {"tuned": tuned.run, **found.runnable()}, repeats,
-            settle_seconds=compilation.SETTLE_SECONDS,
+            pools={"tuned": "tvm", **peers.POOLS},
         )  # fmt: skip
     errors = found.errors()
     peer = {p: {"ms": ms.get(p), "error": errors.get(p)} for p in peers.PEER_NAMES}

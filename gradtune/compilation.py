@@ -138,7 +138,7 @@ def verify(
 # calls on 2 threads (2-core Zen 3), ONNX Runtime ran 2-3x slower for the next 0.1 s and at its
 # own speed from 0.3 s; TVM after ONNX Runtime recovered within 0.1 s. TVM's workers yield
 # TVM_THREAD_POOL_SPIN_COUNT (300,000) times before they sleep; ONNX Runtime's and OpenMP's
-# spin too. Contenders of different runtimes therefore wait this long before each block.
+# spin too. So a block that follows another runtime's waits this long first.
 SETTLE_SECONDS = 0.3
 
 
@@ -146,11 +146,11 @@ def time_interleaved(
     fns: dict[str, Callable[[], Any]],
     repeats: int = 7,
     min_seconds: float = 0.05,
-    settle_seconds: float = 0.0,
+    pools: dict[str, str] | None = None,
 ) -> dict[str, float]:
     """Median per-call latency (ms) of each function, timed in alternation
     (``time_interleaved_samples``)."""
-    samples = time_interleaved_samples(fns, repeats, min_seconds, settle_seconds)
+    samples = time_interleaved_samples(fns, repeats, min_seconds, pools)
     return {name: statistics.median(values) for name, values in samples.items()}
 
 
@@ -158,17 +158,20 @@ def time_interleaved_samples(
     fns: dict[str, Callable[[], Any]],
     repeats: int = 7,
     min_seconds: float = 0.05,
-    settle_seconds: float = 0.0,
+    pools: dict[str, str] | None = None,
 ) -> dict[str, list[float]]:
     """Per-call latency (ms) of each function in each of ``repeats`` rounds, the functions
-    timed in alternation within every round, each block ``settle_seconds`` after the last
-    (``SETTLE_SECONDS`` when the functions run on different runtimes' thread pools; TVM
-    modules share one pool per thread and need none).
+    timed in alternation within every round.
+
+    ``pools`` names the thread pool each function runs on (its runtime: TVM modules share the
+    calling thread's, torch.compile and PyTorch eager share OpenMP's): a block that follows
+    another pool's waits ``SETTLE_SECONDS`` first. Without it every function shares one.
 
     The machine is shared and noisy: interleaving exposes every contender to the same drift,
     and medians over repeats discard bursts; the spread of the samples says how far apart two
     medians must be to differ.
     """
+    pool_of = (pools or {}).get
     for fn in fns.values():  # warm-up: allocation, first-call JIT, caches
         fn()
         fn()
@@ -184,10 +187,13 @@ def time_interleaved_samples(
                 n *= 2
         numbers[name] = n
     samples: dict[str, list[float]] = {name: [] for name in fns}
+    last = pool_of(name) if fns else None  # the pool calibrated last
     for _ in range(repeats):
         for name, fn in fns.items():
+            if pool_of(name) != last:
+                time.sleep(SETTLE_SECONDS)
+                last = pool_of(name)
             n = numbers[name]
-            time.sleep(settle_seconds)
             start = time.perf_counter()
             for _ in range(n):
                 fn()

@@ -37,6 +37,9 @@ ORT = "ONNX Runtime"
 TORCH_COMPILE = "torch.compile"
 EAGER = "PyTorch eager"
 PEER_NAMES = (ORT, TORCH_COMPILE, EAGER)
+# The thread pool each peer runs on (``compilation.time_interleaved``'s ``pools``): inductor's
+# CPU code and PyTorch's operators share OpenMP's.
+POOLS = {ORT: "onnxruntime", TORCH_COMPILE: "openmp", EAGER: "openmp"}
 
 
 @dataclass

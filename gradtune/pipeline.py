@@ -246,9 +246,11 @@ def compile_stage(
         # The reference is the peer of the model's own framework; should that peer have
         # failed, the import's own reference run stands in.
         reference = peers.EAGER if model.framework == "pytorch" else peers.ORT
+        pools = {"untuned": "tvm", "tuned": "tvm", **peers.POOLS}
         if reference not in fns:
+            pools["reference"] = pools[reference]  # the framework's own runtime
             reference, fns["reference"] = "reference", model.run_reference
-        latencies = compilation.time_interleaved(fns, settle_seconds=compilation.SETTLE_SECONDS)
+        latencies = compilation.time_interleaved(fns, pools=pools)
         ort_op_us = contenders.ort_op_us()
     log.info(
         "latency ms: untuned %.3f, tuned %.3f, reference %.3f; max abs error %.2g",

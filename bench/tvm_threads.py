@@ -209,9 +209,11 @@ def main(argv: list[str] | None = None) -> int:
         print("one core: nothing to compare", file=sys.stderr)
         return 2
     models = {model.stem: bench_model(args, model, n) for model in args.models}
+    from gradtune.target import parse_target
+
     data = {
-        "commit": git_commit(), "machine": machine(None), "cores": n, "repeats": args.repeats,
-        "timings": args.timings, "models": models,
+        "commit": git_commit(), "machine": machine(parse_target(None)), "cores": n,
+        "repeats": args.repeats, "timings": args.timings, "models": models,
     }  # fmt: skip
     write_json(args.out / "tvm_threads.json", data)
     (args.out / "tvm_threads.md").write_text(markdown(data))

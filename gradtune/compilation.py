@@ -187,7 +187,7 @@ def time_interleaved_samples(
                 n *= 2
         numbers[name] = n
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    last = pool_of(name) if fns else None  # the pool calibrated last
+    last = pool_of(list(fns)[-1]) if fns else None  # the pool calibrated last
     for _ in range(repeats):
         for name, fn in fns.items():
             if pool_of(name) != last:

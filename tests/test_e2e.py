@@ -14,6 +14,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from gradtune import threads
 from gradtune.measure.rpc_fleet import free_port
 from tests.conftest import EXAMPLES, ROOT, http_server, run_cli
 
@@ -58,8 +59,10 @@ def _check_outputs(out: Path, trials: int) -> dict:
         assert f"| {name} |" in report
     ort = summary["peers"]["ONNX Runtime"]
     assert ort["ms"] > 0 and ort["ratio_vs_tuned"] == pytest.approx(summary["tuned_ms"] / ort["ms"])
-    # Peers and the tuned model on the same count: the target's cores (TVM_NUM_THREADS).
-    assert summary["peer_threads"] == summary["tvm_threads"] == summary["target"]["num-cores"]
+    # Peers and the tuned model on the same count: the target's cores (TVM_NUM_THREADS), or
+    # the count the environment names.
+    expected = threads.target_threads(summary["target"])
+    assert summary["peer_threads"] == summary["tvm_threads"] == expected
     assert f"the tuned model on {summary['tvm_threads']} (TVM's runtime" in report
     # The roofline: every task against the machine's peak, ONNX Runtime's profile per group.
     roof = summary["roofline"]

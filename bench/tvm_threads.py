@@ -75,12 +75,6 @@ def check(args: argparse.Namespace) -> str | None:
     return None
 
 
-def cores() -> int:
-    from gradtune.threads import host_cores
-
-    return host_cores()
-
-
 def tune(run: Path, model: Path, threads: int) -> dict[str, Any]:
     """``gradtune tune MODEL --trials 128`` with TVM's runtime on ``threads``."""
     summary = run / "summary.json"
@@ -204,7 +198,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"tvm_threads: {problem}", file=sys.stderr)
         return 2
-    n = cores()
+    from gradtune.threads import host_cores
+
+    n = host_cores()
     if n < 2:
         print("one core: nothing to compare", file=sys.stderr)
         return 2

@@ -1,7 +1,7 @@
 """gradtune."""
 
-from .threads import default_to_host_cores
+from .threads import use_target_threads
 
 # Before any TVM kernel runs in this process: TVM's runtime would otherwise use half the cores
 # of a machine without hyper-threads (gradtune/threads.py).
-default_to_host_cores()
+use_target_threads({})  # this machine's physical cores

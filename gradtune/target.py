@@ -17,10 +17,11 @@ from .errors import GradtuneError
 
 def host_cpu_target(num_cores: int | None = None) -> dict[str, Any]:
     """The default: this machine's CPU through LLVM, with its physical core count."""
-    import psutil
     import tvm
 
-    cores = num_cores or psutil.cpu_count(logical=False) or psutil.cpu_count() or 1
+    from .threads import host_cores
+
+    cores = num_cores or host_cores()
     return {
         "kind": "llvm",
         "num-cores": int(cores),

@@ -63,16 +63,10 @@ def target_threads(target_config: dict[str, Any]) -> int:
     return int(cores) if cores else host_cores()
 
 
-def default_to_host_cores() -> None:
-    """Unless the user chose, TVM's runtime runs kernels on this machine's physical cores."""
-    global _ours
-    if user_threads() is None:
-        os.environ[ENV] = _ours = str(host_cores())
-
-
 def use_target_threads(target_config: dict[str, Any]) -> int:
     """Make TVM's runtime in this process, and in the processes it starts from now on (the
     local RPC servers), run kernels on ``target_threads(target_config)`` threads; return it.
+    ``{}`` (no ``num-cores``) stands for this machine's physical cores.
 
     Call it before this process runs any TVM kernel: a thread's pool, once made, keeps its
     size (a Prefect worker's thread that ran an earlier flow keeps that flow's count)."""
@@ -80,7 +74,7 @@ def use_target_threads(target_config: dict[str, Any]) -> int:
     threads = target_threads(target_config)
     if user_threads() is None:
         os.environ[ENV] = _ours = str(threads)
-        log.debug("TVM runtime threads: %d (the target's num-cores)", threads)
+        log.debug("TVM runtime threads: %d", threads)
     return threads
 
 

@@ -8,11 +8,14 @@ and run on the same device: what is compared is what a deployment would pull.
 
 1. The challenger's outputs on the model's example inputs must match the model's reference
    outputs (``compilation.verify``), else it is rejected whatever its speed.
-2. Both are timed interleaved (``compilation.time_interleaved_samples``): the challenger is
-   promoted when its median is no worse than the champion's by more than the noise, taken as
-   the larger of ``REL_TOLERANCE`` of the champion's median and half the larger interquartile
-   range of the two. A challenger that is truly as fast must not lose to noise, and a faster
-   champion must not lose to a lucky burst.
+2. Both are timed interleaved (``compilation.time_interleaved_samples``), and each round gives
+   one ratio, challenger over champion: the two ran back to back, so a slow spell of the
+   machine slows both and cancels. The challenger is promoted when the median ratio exceeds 1
+   by no more than the noise, taken as the larger of ``REL_TOLERANCE`` and half the
+   interquartile range of the ratios. A challenger that is truly as fast must not lose to
+   noise, and a faster champion must not lose to a lucky burst. (Comparing the two medians
+   instead let the same work differ by up to 18% on a 2-core VM, whose speed jumps between
+   levels from one 50 ms block to the next.)
 
 The decision and its reason are written to the challenger's version tags and its run;
 versions are immutable and never deleted here, so a rejected challenger stays inspectable.
@@ -53,15 +56,18 @@ class Decision:
         One sentence, as tagged and logged.
     challenger_ms, champion_ms : float | None
         Interleaved medians (None: not timed).
-    tolerance_ms : float | None
-        How much slower than the champion the challenger could be and still count as no worse.
+    ratio : float | None
+        Median over rounds of challenger over champion: what is decided on.
+    tolerance : float | None
+        How far above 1 the ratio could be and the challenger still count as no worse.
     """
 
     outcome: str
     reason: str
     challenger_ms: float | None = None
     champion_ms: float | None = None
-    tolerance_ms: float | None = None
+    ratio: float | None = None
+    tolerance: float | None = None
 
     @property
     def promoted(self) -> bool:
@@ -69,7 +75,7 @@ class Decision:
 
     def tags(self) -> dict[str, str]:
         tags = {PROMOTION: self.outcome, REASON: self.reason}
-        for key in ("challenger_ms", "champion_ms", "tolerance_ms"):
+        for key in ("challenger_ms", "champion_ms", "ratio", "tolerance"):
             value = getattr(self, key)
             if value is not None:
                 tags[f"interleaved_{key}"] = f"{value:.6g}"
@@ -84,21 +90,27 @@ def iqr(values: list[float]) -> float:
 def decide(
     challenger: list[float], champion: list[float], rel_tolerance: float = REL_TOLERANCE
 ) -> Decision:
-    """The latency decision on interleaved samples (ms) of both."""
+    """The latency decision on interleaved samples (ms) of both, round by round."""
+    if len(challenger) != len(champion) or len(challenger) < 2:
+        raise ValueError("decide needs the same number (at least 2) of interleaved rounds of both")
+    ratios = [ch / cp for ch, cp in zip(challenger, champion, strict=True)]
+    ratio = statistics.median(ratios)
+    tolerance = max(rel_tolerance, iqr(ratios) / 2)
     ch, cp = statistics.median(challenger), statistics.median(champion)
-    tolerance = max(rel_tolerance * cp, max(iqr(challenger), iqr(champion)) / 2)
-    if ch <= cp + tolerance:
+    if ratio <= 1 + tolerance:
         outcome = "promoted"
         reason = (
-            f"challenger {ch:.4g} ms vs champion {cp:.4g} ms: no worse within {tolerance:.3g} ms"
+            f"challenger {ch:.4g} ms vs champion {cp:.4g} ms: {ratio:.3f}x the champion round "
+            f"by round, no worse within {tolerance:.1%}"
         )
     else:
         outcome = "kept_champion"
         reason = (
-            f"challenger {ch:.4g} ms is slower than champion {cp:.4g} ms by more than the "
-            f"tolerance {tolerance:.3g} ms (max of {rel_tolerance:.0%} and half the IQR)"
+            f"challenger {ch:.4g} ms vs champion {cp:.4g} ms: {ratio:.3f}x the champion round "
+            f"by round, slower by more than the tolerance {tolerance:.1%} (max of "
+            f"{rel_tolerance:.0%} and half the ratios' IQR)"
         )
-    return Decision(outcome, reason, ch, cp, tolerance)
+    return Decision(outcome, reason, ch, cp, ratio, tolerance)
 
 
 @dataclass

@@ -91,12 +91,17 @@ def test_decide_tolerates_noise_not_slowdowns():
     assert promotion.decide([x * 1.04 for x in champion], champion).promoted  # within 5%
     slower = promotion.decide([x * 1.10 for x in champion], champion)
     assert slower.outcome == "kept_champion" and "slower" in slower.reason
-    # A noisy machine: the IQR/2 term widens the tolerance beyond 5%.
+    # A drift both see cancels round by round: 8% slower in every round is 8% slower.
     noisy = [1.0, 1.3, 0.8, 1.2, 0.9, 1.25, 0.85]
-    decision = promotion.decide([x * 1.08 for x in noisy], noisy)
-    assert decision.tolerance_ms > 0.05 * decision.champion_ms and decision.promoted
+    assert not promotion.decide([x * 1.08 for x in noisy], noisy).promoted
+    # Noise each sees alone widens the tolerance beyond 5% (half the ratios' IQR).
+    decision = promotion.decide([x * 1.08 for x in reversed(noisy)], noisy)
+    assert decision.tolerance > 0.05 and decision.promoted
+    assert decision.ratio == pytest.approx(1.08)
     tags = decision.tags()
     assert tags["promotion"] == "promoted" and float(tags["interleaved_champion_ms"]) > 0
+    with pytest.raises(ValueError, match="same number"):
+        promotion.decide([1.0, 1.0], [1.0, 1.0, 1.0])
 
 
 def test_decide_on_real_interleaved_timings():
@@ -108,9 +113,14 @@ def test_decide_on_real_interleaved_timings():
     def work(times: int):
         return lambda: [a @ a for _ in range(times)]
 
-    same = compilation.time_interleaved_samples({"challenger": work(2), "champion": work(2)}, 9)
+    rounds = promotion.REPEATS
+    same = compilation.time_interleaved_samples(
+        {"challenger": work(2), "champion": work(2)}, rounds
+    )
     assert promotion.decide(same["challenger"], same["champion"]).promoted
-    slow = compilation.time_interleaved_samples({"challenger": work(8), "champion": work(2)}, 9)
+    slow = compilation.time_interleaved_samples(
+        {"challenger": work(8), "champion": work(2)}, rounds
+    )
     assert promotion.decide(slow["challenger"], slow["champion"]).outcome == "kept_champion"
 
 
@@ -344,9 +354,10 @@ def test_changed_model_is_a_challenger_promoted_only_if_no_slower(ci):
     tags = versions(uri, name)[str(got["challenger_version"])]
     assert tags["parent_version"] == "1" and alias(uri, name, "challenger") == "2"
     challenger, champion = (float(tags[f"interleaved_{k}_ms"]) for k in ("challenger", "champion"))
-    tolerance = float(tags["interleaved_tolerance_ms"])
-    # The recorded decision is the rule applied to the recorded interleaved medians.
-    promoted = challenger <= champion + tolerance
+    assert challenger > 0 and champion > 0
+    ratio, tolerance = (float(tags[f"interleaved_{k}"]) for k in ("ratio", "tolerance"))
+    # The recorded decision is the rule applied to the recorded round-by-round ratio.
+    promoted = ratio <= 1 + tolerance
     assert got["outcome"] == tags["promotion"] == ("promoted" if promoted else "kept_champion")
     assert alias(uri, name, "champion") == ("2" if promoted else "1")
 

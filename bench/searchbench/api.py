@@ -27,6 +27,13 @@ def host_target() -> tuple[dict[str, Any], Any]:
     return config, make_target(config)
 
 
+def use_target_threads(config: dict[str, Any]) -> int:
+    """TVM's runtime threads for ``config``'s kernels, set as ``gradtune tune`` sets them."""
+    from gradtune.threads import use_target_threads as use
+
+    return use(config)
+
+
 def import_model(path: Path) -> Any:
     """``gradtune.frontend.ImportedModel`` of a .py (``get_model``) or .onnx file."""
     from gradtune.frontend import load_model

@@ -78,6 +78,9 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
     target = None
     finished = failed = planned = 0
     commits: set[str] = set()
+    # Runs before gradtune set TVM_NUM_THREADS (1ffb77c) recorded no count: they ran on TVM's
+    # default, half the logical CPUs on x86.
+    pools: set[str] = set()
     for name in models:
         prepared_path = layout.prepared(name)
         prepared = json.loads(prepared_path.read_text()) if prepared_path.is_file() else None
@@ -90,6 +93,7 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
         results = [json.loads(layout.result(s).read_text()) for s in mine if layout.finished(s)]
         finished += len(results)
         commits |= {r.get("commit", "unrecorded") for r in results}
+        pools |= {str(r.get("tvm_threads", "unrecorded")) for r in results}
         ok = [r for r in results if "error" not in r]
         for r in results:
             if "error" in r:
@@ -122,6 +126,7 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
     data["commit"] = ", ".join(sorted(commits)) or git_commit()
     data["rendered_at"] = git_commit()
     data["machine"] = machine(target)
+    data["tvm_threads"] = ", ".join(sorted(pools)) or "none finished"
     data["budget_s"] = layout.budget
     data["conditions"] = CONDITIONS
     return data
@@ -323,7 +328,8 @@ def markdown(data: dict[str, Any]) -> str:
         "",
         f"Commit {data['commit']}; CPU {data['machine']['cpu']} "
         f"({data['machine']['logical_cores']} logical cores); target "
-        f"`{json.dumps(data['machine']['target'])}`; budget {data['budget_s']:g} s per run.",
+        f"`{json.dumps(data['machine']['target'])}`; TVM runtime threads per run: "
+        f"{data.get('tvm_threads', 'unrecorded')}; budget {data['budget_s']:g} s per run.",
         "",
         *table_rows(view, data["failed_models"]),
         "",

@@ -172,6 +172,7 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
     """Everything of one run; returns the result that becomes ``result.json``."""
     prepared = json.loads(layout.prepared(spec.model).read_text())
     config, target = api.host_target()
+    pool = api.use_target_threads(config)  # as the CLI: the fleet it starts inherits it
     run_dir = layout.run_dir(spec)
     started = time.time()
     load_before = os.getloadavg()
@@ -203,6 +204,7 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
         "budget_s": layout.budget,
         "tasks": len(tasks),
         "target": config,
+        "tvm_threads": pool,
         "cost_model": str(weights) if weights else "xgb (MetaSchedule default, from nothing)",
         # What the task scheduler (evolutionary search, the hybrid's explorer) scores with.
         "scheduler_cost_model": (

@@ -25,7 +25,7 @@ from . import compilation, peers, provenance, registry, report, roofline
 from .errors import GradtuneError
 from .frontend import ImportedModel, fingerprint, load_model
 from .job import TuneJob, mark_out_dir
-from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker
+from .measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker, threads_mismatch
 from .measure.runner import MeasureSettings
 from .partition import Lowering, TuningTask, partition
 from .redact import redact_uri
@@ -94,6 +94,8 @@ def rpc_tracker(job: TuneJob):
     if job.tracker:
         tracker = parse_tracker(job.tracker, job.key)
         check_tracker(tracker)
+        if mismatch := threads_mismatch(tracker, job.target):
+            log.warning("%s", mismatch)  # the console and, in a flow, the run's logs
         yield tracker
         return
     with LocalFleet(num_servers=job.rpc_servers) as tracker:

@@ -11,7 +11,13 @@ from tvm import rpc
 
 from gradtune import threads
 from gradtune.errors import GradtuneError
-from gradtune.measure.rpc_fleet import LocalFleet, check_tracker, parse_tracker, query_free_servers
+from gradtune.measure.rpc_fleet import (
+    LocalFleet,
+    check_tracker,
+    parse_tracker,
+    query_free_servers,
+    threads_mismatch,
+)
 
 
 def _children_alive(pids):
@@ -39,6 +45,21 @@ def test_local_fleet_registers_and_stops_everything():
         pids = [p.pid for p in fleet._procs]
         tree = [c.pid for pid in pids for c in psutil.Process(pid).children(recursive=True)]
     assert not _children_alive(pids + tree)
+
+
+def test_a_server_on_another_thread_count_than_the_target_is_named(monkeypatch):
+    """A remote device's server sizes its pool from its own environment: one started without
+    TVM_NUM_THREADS on a 2-core device times candidates on one thread, and the run says so."""
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")  # the servers inherit it, as a remote one would
+    with LocalFleet() as tracker:
+        warning = threads_mismatch(tracker, {"kind": "llvm", "num-cores": 2})
+        assert warning and "1 thread(s)" in warning and "TVM_NUM_THREADS=2" in warning
+        assert threads_mismatch(tracker, {"kind": "llvm", "num-cores": 1}) is None
+        assert threads_mismatch(tracker, {"kind": "cuda"}) is None  # not the CPU pool
+        deadline = time.monotonic() + 10  # the session asked through is given back
+        while query_free_servers(tracker) != 1 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert query_free_servers(tracker) == 1
 
 
 def test_fleet_stops_on_error_inside():

@@ -27,6 +27,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -101,6 +102,50 @@ def check_tracker(tracker: Tracker) -> None:
         raise GradtuneError(f"{where} failed to answer a query: {err}") from None
     if free == 0:
         raise GradtuneError(f"{where} has no free server with key {tracker.key!r}")
+
+
+def server_threads(tracker: Tracker, timeout: float = 15.0) -> int | None:
+    """How many threads a server with ``tracker.key`` runs a kernel on (TVM's
+    ``runtime.NumThreads``, asked over a session); None when no session opened within
+    ``timeout`` (every server busy) or the server could not say.
+
+    A remote server sizes its pool from its own environment, which gradtune cannot set: TVM's
+    default there is half the logical CPUs on x86, so a device without SMT times every candidate
+    on half its cores unless its server was started with ``TVM_NUM_THREADS``."""
+    from tvm import rpc
+
+    answer: list[int] = []
+
+    def ask() -> None:
+        try:
+            session = rpc.connect_tracker(tracker.host, tracker.port).request(
+                tracker.key, session_timeout=int(timeout)
+            )
+            answer.append(int(session.get_function("runtime.NumThreads")()))
+        except Exception as err:  # a busy or lost server: the run goes on without the check
+            log.debug("could not ask %s for its thread count: %s", tracker, err)
+
+    # The tracker answers a request only once a server is free: a thread bounds that wait.
+    asking = threading.Thread(target=ask, daemon=True, name="gradtune-server-threads")
+    asking.start()
+    asking.join(timeout)
+    return answer[0] if answer else None
+
+
+def threads_mismatch(tracker: Tracker, target_config: dict) -> str | None:
+    """A one-line warning when the device's server runs kernels on another thread count than
+    the target's ``num-cores`` (CPU targets only); None when they agree or it cannot tell."""
+    cores = target_config.get("num-cores")
+    if not cores:  # a GPU target: its kernels do not run on the server's CPU pool
+        return None
+    there = server_threads(tracker)
+    if there is None or there == int(cores):
+        return None
+    return (
+        f"the RPC server with key {tracker.key!r} runs kernels on {there} thread(s) but the "
+        f"target has num-cores {cores}: every candidate is timed on {there}; start the server "
+        f"with TVM_NUM_THREADS={cores} (TVM's default is half the logical CPUs on x86)"
+    )
 
 
 def check_fleet_host(host: str, allow_network: bool) -> None:

@@ -27,7 +27,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from dataclasses import dataclass, field
 
@@ -106,30 +105,29 @@ def check_tracker(tracker: Tracker) -> None:
 
 def server_threads(tracker: Tracker, timeout: float = 15.0) -> int | None:
     """How many threads a server with ``tracker.key`` runs a kernel on (TVM's
-    ``runtime.NumThreads``, asked over a session); None when no session opened within
+    ``runtime.NumThreads``, asked over a session); None when no session opened within about
     ``timeout`` (every server busy) or the server could not say.
 
     A remote server sizes its pool from its own environment, which gradtune cannot set: TVM's
     default there is half the logical CPUs on x86, so a device without SMT times every candidate
     on half its cores unless its server was started with ``TVM_NUM_THREADS``."""
-    from tvm import rpc
+    from tvm.s_tir import meta_schedule as ms
 
-    answer: list[int] = []
+    from .rpc_session import BoundedSession, DevicesLost
 
-    def ask() -> None:
-        try:
-            session = rpc.connect_tracker(tracker.host, tracker.port).request(
-                tracker.key, session_timeout=int(timeout)
-            )
-            answer.append(int(session.get_function("runtime.NumThreads")()))
-        except Exception as err:  # a busy or lost server: the run goes on without the check
-            log.debug("could not ask %s for its thread count: %s", tracker, err)
-
-    # The tracker answers a request only once a server is free: a thread bounds that wait.
-    asking = threading.Thread(target=ask, daemon=True, name="gradtune-server-threads")
-    asking.start()
-    asking.join(timeout)
-    return answer[0] if answer else None
+    # The tracker answers a request only once a server is free: the runner's bounded session
+    # gives up on a busy device (and withdraws its request) within wait + session timeout.
+    half = max(int(timeout / 2), 1)
+    config = ms.runner.RPCConfig(
+        tracker_host=tracker.host, tracker_port=tracker.port, tracker_key=tracker.key,
+        session_timeout_sec=half,
+    )  # fmt: skip
+    try:
+        session = BoundedSession(wait_sec=half, poll_sec=0.2)(config)
+        return int(session.get_function("runtime.NumThreads")())
+    except (DevicesLost, OSError, RuntimeError) as err:  # the run goes on without the check
+        log.debug("could not ask %s for its thread count: %s", tracker, err)
+        return None
 
 
 def threads_mismatch(tracker: Tracker, target_config: dict) -> str | None:

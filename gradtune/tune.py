@@ -32,7 +32,7 @@ from .measure.baseline import kept_defaults, measure_defaults
 from .measure.builder import make_builder
 from .measure.confirm import Confirmation, confirm, confirmed_database
 from .measure.latency import median_seconds, result_seconds
-from .measure.rpc_fleet import Tracker
+from .measure.rpc_fleet import Tracker, is_loopback
 from .measure.rpc_session import DeviceWatch
 from .measure.runner import MeasureSettings, make_rpc_runner
 from .partition import TuningTask
@@ -259,6 +259,7 @@ def tune(
     cost_model: str | Any = "xgb",
     confirm_top_k: int = 0,
     confirm_share: float = 0.1,
+    exclusive_measurement: bool | None = None,
 ) -> TuneResult:
     """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
 
@@ -283,6 +284,10 @@ def tune(
     schedule) are timed again, quietly and in rotation, and the fastest ships
     (``measure.confirm``; 0, the default: the recorded best ships). With a ``time_budget`` the
     search stops at ``1 - confirm_share`` of it, leaving the rest to the confirmation.
+
+    ``exclusive_measurement``: measure every batch alone, with no search or build of the next
+    one beside it (``GradientTaskScheduler``'s ``exclusive``). None, the default: when the
+    tracker is on loopback, whose devices share this host's cores.
     """
     import psutil
     from tvm.s_tir import meta_schedule as ms
@@ -363,7 +368,11 @@ def tune(
     timer = threading.Timer(search_budget or 0, session.stop.set)
     timer.daemon = True
     devices = DeviceWatch(session.stop)
-    scheduler = GradientTaskScheduler(seed=seed, deadline=session.deadline)
+    if exclusive_measurement is None:
+        exclusive_measurement = is_loopback(str(tracker.host))
+    scheduler = GradientTaskScheduler(
+        seed=seed, deadline=session.deadline, exclusive=exclusive_measurement
+    )
     callbacks = [
         *ms.measure_callback.MeasureCallback.create("default"),
         _make_progress_callback(tasks, best_us, result, start, search_budget, on_round, session),

@@ -70,12 +70,14 @@ def test_a_batch_starts_only_if_its_tasks_last_batch_fits_in_the_time_left():
 
 
 @pytest.mark.slow
-def test_warmup_joins_a_measured_batch_before_every_task_had_its_first(
+def test_a_batch_joins_early_when_pipelined_and_is_measured_alone_on_this_host(
     tiny_model, llvm_target, tmp_path
 ):
     """MetaSchedule's gradient scheduler joins no batch until every task had its first one.
-    Here the first task's batch, measured while the next ones are generated, is joined (its
-    round logged) before the last task gets its first batch."""
+    Here, pipelined (the next batch generated while the last is measured, as for a remote
+    device), the first task's batch is joined (its round logged) before the last task gets its
+    first batch. On this host's devices (the local fleet) every batch is measured alone: each
+    generation is followed by its own round before the next one starts."""
     from tvm.ir.utils import derived_object
 
     from gradtune.frontend import load_model
@@ -116,11 +118,21 @@ def test_warmup_joins_a_measured_batch_before_every_task_had_its_first(
             return Recording(self.session)
 
     with LocalFleet() as tracker:
-        result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=4 * len(tasks),
-                      search=Recording(), trials_per_round=2,
+        result = tune(tasks, llvm_target, tmp_path / "pipelined", tracker,
+                      max_trials=4 * len(tasks), search=Recording(), trials_per_round=2,
+                      on_round=lambda r: events.append(("round", r.task)),
+                      exclusive_measurement=False)  # fmt: skip
+        generated = [i for i, (kind, _) in enumerate(events) if kind == "generate"]
+        first_round = next(i for i, (kind, _) in enumerate(events) if kind == "round")
+        assert first_round < generated[len(tasks) - 1], events
+        assert {name for kind, name in events if kind == "round"} == {t.name for t in tasks}
+        assert result.rounds[-1].trials == result.trials
+
+        events.clear()
+        result = tune(tasks, llvm_target, tmp_path / "alone", tracker,
+                      max_trials=3 * len(tasks), search=Recording(), trials_per_round=2,
                       on_round=lambda r: events.append(("round", r.task)))  # fmt: skip
-    generated = [i for i, (kind, _) in enumerate(events) if kind == "generate"]
-    first_round = next(i for i, (kind, _) in enumerate(events) if kind == "round")
-    assert first_round < generated[len(tasks) - 1], events
-    assert {name for kind, name in events if kind == "round"} == {t.name for t in tasks}
-    assert result.rounds[-1].trials == result.trials
+    kinds = [kind for kind, _ in events]
+    assert kinds == ["generate", "round"] * (len(kinds) // 2), events
+    assert [name for _, name in events[0::2]] == [name for _, name in events[1::2]], events
+    assert len(kinds) >= 2 * len(tasks)

@@ -353,10 +353,13 @@ def collect(
 def session_machine(target_config: dict[str, Any], tracker: Any | None) -> dict[str, Any]:
     """The descriptor of what measures this session: this host when the RPC servers run here
     (the local fleet, or a tracker on loopback), else this host plus the tracker's name."""
-    host = getattr(tracker, "host", None)
-    if tracker is None or host in ("localhost", "::1") or str(host).startswith("127."):
+    from ..measure.rpc_fleet import is_loopback
+
+    if tracker is None or is_loopback(str(tracker.host)):
         return describe(target_config)
-    return describe(target_config, devices=f"rpc tracker {host}:{tracker.port} key {tracker.key}")
+    return describe(
+        target_config, devices=f"rpc tracker {tracker.host}:{tracker.port} key {tracker.key}"
+    )
 
 
 @contextlib.contextmanager

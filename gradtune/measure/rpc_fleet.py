@@ -146,13 +146,17 @@ def threads_mismatch(tracker: Tracker, target_config: dict) -> str | None:
     )
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine's loopback interface (``localhost``, 127.x, ::1)."""
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def check_fleet_host(host: str, allow_network: bool) -> None:
     """Refuse, in one line, a fleet listening beyond this machine unless explicitly allowed."""
-    try:
-        loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        loopback = False
-    if not loopback and not allow_network:
+    if not is_loopback(host) and not allow_network:
         raise GradtuneError(
             f"refusing to start RPC servers on {host}: they run any library sent to them; "
             "bind 127.0.0.1, or allow_network=True on a trusted network only"

@@ -141,9 +141,10 @@ class LoadedVersion:
         import tvm
 
         args = [tvm.runtime.tensor(x, self.dev) for x in self.inputs_like(inputs)]
+        main = self.vm["main"]  # once, as a deployment would (compilation.Runner)
 
         def run() -> Any:
-            out = self.vm["main"](*args)
+            out = main(*args)
             self.dev.sync()
             return out
 

@@ -60,6 +60,7 @@ class TVMRelaxModel(mlflow.pyfunc.PythonModel):
         self.dev = tvm.cpu(0) if self.io.get("device", "cpu") == "cpu" else tvm.cuda(0)
         lib = tvm.runtime.load_module(context.artifacts["lib"])
         self.vm = relax.VirtualMachine(lib, self.dev)
+        self.main = self.vm["main"]  # each lookup makes a new function: once per load
 
     # The hint is for MLflow, which reads it when this class is defined: for an ndarray it
     # neither validates nor converts the input (a list or dict passes as it is), while no hint
@@ -83,7 +84,7 @@ class TVMRelaxModel(mlflow.pyfunc.PythonModel):
             )
             for array, spec in zip(arrays, specs, strict=True)
         ]
-        outputs = _flatten(self.vm["main"](*args))
+        outputs = _flatten(self.main(*args))
         return outputs[0] if len(outputs) == 1 else outputs
 
 

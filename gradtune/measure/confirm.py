@@ -2,14 +2,15 @@
 
 A search keeps, per task, the program with the lowest recorded latency. Recorded latencies
 carry noise, and the minimum over hundreds of noisy measurements favours the luckiest, not the
-fastest. Measured on an Intel Xeon (Emerald Rapids, 2 cores) after 480 s runs of a SqueezeNet-style CNN: re-timing
-each task's 5 fastest records quietly, the recorded best was the quiet best in only 3 of 9
-tasks of a gradient run; on the two largest convolutions it was 15% and 27% slower than the
-quiet best, and over all tasks the quiet bests summed to 192 µs against 225 µs for the
-recorded ones. End to end, though, the confirmed libraries were within a few percent of the
-recorded bests' (``bench/confirm_replay.py``), so ``tune`` confirms only when asked. (Those
-runs timed each batch while the next one was searched for and built on the same cores; the
-local fleet now measures alone, ``search.scheduler``, which leaves less noise to confirm.)
+fastest. Measured on an Intel Xeon (Emerald Rapids, 2 cores) after 480 s runs of a
+SqueezeNet-style CNN: re-timing each task's 5 fastest records quietly, the recorded best was
+the quiet best in only 3 of 9 tasks of a gradient run; on the two largest convolutions it was
+15% and 27% slower than the quiet best, and over all tasks the quiet bests summed to 192 µs
+against 225 µs for the recorded ones. End to end, though, the confirmed libraries were within a
+few percent of the recorded bests' (``bench/confirm_replay.py``), so ``tune`` confirms only
+when asked. (Those runs timed each batch while the next one was searched for and built on the
+same cores; the local fleet now measures alone, ``search.scheduler``, which leaves less noise
+to confirm.)
 
 So after the search each task's ``top_k`` fastest distinct records (and its default schedule
 unless it was recorded over twice as slow, so that no regression ships on a noisy draw

@@ -21,9 +21,10 @@ none does, the run ends, and MetaSchedule's loop joins what is in flight.
 Both schedulers also search and build the next batch while the last one is still being
 measured. On a remote device that hides the host's work; on this host's cores (the local fleet)
 it times candidates beside a compiler and a search: a 480 s tune of a CNN on a 2-core VM
-recorded its programs 1.2-2.0x slower (median per task) than they time alone, and among each
-task's 15 fastest the recorded order kept a Spearman of only 0.13-0.38 with the quiet one
-(0.81-0.95 between two quiet timings). The search learns from that order. So with
+recorded its programs 1.15-2.35x slower (median per task) than they time alone, and among each
+task's 15 fastest the recorded order kept a Spearman of -0.09 to 0.54 with the quiet one
+(0.57-0.88 between two quiet timings); measured alone, 0.94-1.11x and 0.83-0.93
+(``bench/record_fidelity.py``). The search learns from that order. So with
 ``exclusive`` (``tune`` sets it when the devices are on this host) every batch in flight is
 joined before the next one is searched for: nothing of the tune's runs beside a measurement.
 """

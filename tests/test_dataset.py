@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from gradtune import zoo
+from gradtune import threads, zoo
 from gradtune.dataset import hardware
 from gradtune.dataset.card import dataset_summary
 from gradtune.dataset.collect import Collector, collect
@@ -155,6 +155,9 @@ def test_collect_writes_plain_jsondatabase_manifest_and_card(mini_dataset, tmp_p
     assert manifest["hardware"]["target"] == manifest["target"]
     assert load_record_machines(mini_dataset).per_line(8) == [machine] * 8
     assert manifest["measurement"]["repeat"] == MINI.repeat
+    # The thread count the local fleet's server ran kernels on: the target's, as a tune's.
+    ran_on = threads.target_threads(manifest["target"])
+    assert manifest["hardware"]["tvm_threads"] == manifest["measurement"]["tvm_threads"] == ran_on
     # Gunzipped, plain TVM reads the files: no gradtune in the loop.
     for name in (WORKLOADS, RECORDS):
         (tmp_path / name).write_bytes(gzip.decompress((mini_dataset / f"{name}.gz").read_bytes()))
@@ -457,6 +460,13 @@ def test_descriptor_of_this_machine_reads_cpuinfo_and_sysfs_caches():
     assert hardware.describe(target)["id"] == d["id"] == hardware.machine_id(d)
     assert len(d["id"]) == 12 and int(d["id"], 16) >= 0
     assert hardware.describe({**target, "num-cores": 1})["id"] != d["id"]
+    # The runtime's thread count: recorded, and part of the id only when known, so the ids of
+    # descriptors written before it was recorded stand.
+    assert d["tvm_threads"] is None
+    two, one = hardware.describe(target, threads=2), hardware.describe(target, threads=1)
+    assert two["tvm_threads"] == 2 and len({d["id"], two["id"], one["id"]}) == 3
+    assert hardware.machine_id({k: v for k, v in d.items() if k != "tvm_threads"}) == d["id"]
+    assert "TVM on 2" in hardware.short(two) and "TVM on" not in hardware.short(d)
     json.dumps(d)  # it goes into JSON files
 
 

@@ -170,10 +170,13 @@ def test_empty_or_missing_dataset_is_a_clear_error(tmp_path):
 TARGET = {"kind": "llvm", "mcpu": "znver4", "num-cores": 2}
 
 
-def _machine(name: str, isa: list[str] | None, target: dict = TARGET) -> dict:
+def _machine(
+    name: str, isa: list[str] | None, target: dict = TARGET, threads: int | None = None
+) -> dict:
     d = {"cpu_model": name, "vendor": "AuthenticAMD", "machine": "x86_64", "isa": isa,
          "caches": {"l1d_kb": 32, "l2_kb": 1024, "l3_kb": 32768}, "physical_cores": 2,
-         "logical_cores": 2, "max_mhz": None, "target": target, "devices": None}  # fmt: skip
+         "logical_cores": 2, "max_mhz": None, "target": target, "devices": None,
+         "tvm_threads": threads}  # fmt: skip
     return {**d, "id": hardware.machine_id(d)}
 
 
@@ -208,15 +211,19 @@ def test_pretraining_takes_the_targets_machines_and_refuses_mixed_isa(tmp_path):
     avx512 = _machine("Zen 4", ["avx", "avx2", "avx512f", "fma"])
     legacy = hardware.from_manifest({"cpu_model": "old", "physical_cores": 2}, TARGET)
     other_target = _machine("Skylake", ["avx", "avx2", "fma"], {**TARGET, "mcpu": "skylake"})
+    two_threads = _machine("Zen 2, TVM on both cores", ["avx", "avx2", "fma"], threads=2)
+    one_thread = _machine("Zen 2, TVM on one core", ["avx", "avx2", "fma"], threads=1)
 
     # Same ISA (and a machine whose flags were never recorded): the default takes them all,
-    # but not a machine that measured for another target.
-    same = _features(tmp_path / "same.pt", [avx2, avx2_again, legacy, other_target])
+    # but not a machine that measured for another target, nor on another thread count than
+    # the target's num-cores (2).
+    machines = [avx2, avx2_again, legacy, other_target, two_threads, one_thread]
+    same = _features(tmp_path / "same.pt", machines)
     groups, meta = load_groups(same)
-    assert len(groups) == 6
-    assert set(meta["machines"]) == {avx2["id"], avx2_again["id"], legacy["id"]}
+    assert len(groups) == 8
+    assert set(meta["machines"]) == {avx2["id"], avx2_again["id"], legacy["id"], two_threads["id"]}
     groups, meta = load_groups(same, "all")
-    assert len(groups) == 8 and len(meta["machines"]) == 4
+    assert len(groups) == 12 and len(meta["machines"]) == 6
 
     # Different ISA flags for the same target: refused unless asked, naming both machines.
     mixed = _features(tmp_path / "mixed.pt", [avx2, avx512])

@@ -68,6 +68,7 @@ def write_manifest(
         "measurement": {
             **measure,
             "runner": "MetaSchedule RPCRunner over a local TVM RPC tracker",
+            "tvm_threads": machine.get("tvm_threads"),
             "rpc_servers": settings.rpc_servers,
             "builder": "LocalBuilder with gradtune's fast_build",
             "builder_workers": settings.builder_workers,

@@ -352,13 +352,17 @@ def collect(
 
 def session_machine(target_config: dict[str, Any], tracker: Any | None) -> dict[str, Any]:
     """The descriptor of what measures this session: this host when the RPC servers run here
-    (the local fleet, or a tracker on loopback), else this host plus the tracker's name."""
-    from ..measure.rpc_fleet import is_loopback
+    (the local fleet, or a tracker on loopback), else this host plus the tracker's name; with
+    the thread count the servers run kernels on (a remote server is asked; None if busy)."""
+    from ..measure.rpc_fleet import is_loopback, server_threads
+    from ..threads import target_threads
 
     if tracker is None or is_loopback(str(tracker.host)):
-        return describe(target_config)
+        return describe(target_config, threads=target_threads(target_config))
     return describe(
-        target_config, devices=f"rpc tracker {tracker.host}:{tracker.port} key {tracker.key}"
+        target_config,
+        devices=f"rpc tracker {tracker.host}:{tracker.port} key {tracker.key}",
+        threads=server_threads(tracker),
     )
 
 

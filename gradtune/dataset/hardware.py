@@ -5,7 +5,12 @@ records, for every record, the machine that measured it (``machines``), describe
 changes the performance of generated code: the CPU model and vendor, the ISA extensions that
 change code generation (vector width, FMA, int8 dot products, matrix tiles), the cache sizes
 that decide which tilings fit, the core counts, the maximum clock when the kernel reports it,
-and the TVM target the programs were compiled for (TVM 0.27 prints a target as this JSON).
+the TVM target the programs were compiled for (TVM 0.27 prints a target as this JSON), and the
+threads TVM's runtime ran them on (``tvm_threads``). The last is not the target's
+``num-cores``: a server sizes its pool from its own environment (TVM's default is half the
+logical CPUs on x86), and a kernel's speed, and for kernels of a few µs even the order of two
+programs, changes with it. A descriptor written before the count was recorded has none, and
+its id is what it was.
 
 Everything is read from ``/proc/cpuinfo`` and ``/sys/devices/system/cpu`` (x86 and Arm
 layouts), so a missing or partial file leaves a field ``None`` instead of failing: containers
@@ -61,8 +66,10 @@ def describe(
     proc: str | Path = "/proc",
     sys_cpu: str | Path = "/sys/devices/system/cpu",
     devices: str | None = None,
+    threads: int | None = None,
 ) -> dict[str, Any]:
-    """This machine's descriptor, for records measured with ``target`` (a target config).
+    """This machine's descriptor, for records measured with ``target`` (a target config) on
+    ``threads`` of TVM's runtime threads (None: unknown).
 
     ``proc`` and ``sys_cpu`` are where ``cpuinfo`` and the per-CPU directories are read from
     (tests point them at a copy); a missing file leaves its fields ``None``. ``devices`` names
@@ -87,6 +94,7 @@ def describe(
         "system": f"{platform.system()} {platform.release()}".strip() or None,
         "target": target,
         "devices": devices,
+        "tvm_threads": threads,
     }
     descriptor["id"] = machine_id(descriptor)
     return descriptor
@@ -96,6 +104,8 @@ def machine_id(descriptor: dict[str, Any]) -> str:
     """12 hex digits of SHA-256 over the descriptor's ``ID_FIELDS`` (missing ones as null):
     the same machine and target give the same id in every run and on every Python."""
     fields = {name: descriptor.get(name) for name in ID_FIELDS}
+    if descriptor.get("tvm_threads") is not None:  # hashed only when known: old ids stand
+        fields["tvm_threads"] = descriptor["tvm_threads"]
     blob = json.dumps(fields, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:12]
 
@@ -145,7 +155,9 @@ def short(descriptor: dict[str, Any]) -> str:
     return (
         f"{descriptor.get('cpu_model') or '?'} ({descriptor.get('vendor') or '?'}"
         f"{', mcpu ' + mcpu if mcpu else ''}), {descriptor.get('physical_cores') or '?'} "
-        f"physical / {descriptor.get('logical_cores') or '?'} logical cores; {shown}"
+        f"physical / {descriptor.get('logical_cores') or '?'} logical cores"
+        f"{', TVM on ' + str(descriptor['tvm_threads']) if descriptor.get('tvm_threads') else ''}"
+        f"; {shown}"
         f"{'; ' + sizes if sizes else ''}"
     )
 

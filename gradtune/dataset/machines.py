@@ -147,6 +147,14 @@ def write_record_machines(
 # --------------------------------------------------------------------------- choosing
 
 
+def other_threads(descriptor: dict[str, Any], target: dict[str, Any] | None) -> bool:
+    """Whether ``descriptor`` ran TVM's runtime on a known thread count other than ``target``'s
+    ``num-cores`` (False when either is unknown)."""
+    threads = descriptor.get("tvm_threads")
+    cores = (target or {}).get("num-cores")
+    return threads is not None and cores is not None and int(threads) != int(cores)
+
+
 def select_machines(
     descriptors: dict[str, dict[str, Any]], spec: str, target: dict[str, Any] | None
 ) -> list[str]:
@@ -161,7 +169,9 @@ def select_machines(
       AVX2 and AVX-512 code for the same program are different facts, and a ranking loss fed
       both learns neither. A machine whose flags are unknown (described before they were
       recorded) is taken at its target's word: LLVM generates code for ``mcpu``, which its
-      records share with the others.
+      records share with the others. A machine that ran TVM's runtime on another thread count
+      than the target's ``num-cores`` measured something else, and is left out too; one whose
+      count is unknown (described before it was recorded) is taken at its target's word.
     """
     spec = (spec or "target").strip()
     if spec == "all":
@@ -180,6 +190,7 @@ def select_machines(
         for m, d in descriptors.items()
         # A machine with no recorded target (no manifest named one) cannot be told apart.
         if not (target and d.get("target")) or not hardware.target_mismatch(d["target"], target)
+        if not other_threads(d, target)
     )
     if not chosen:
         raise GradtuneError(

@@ -71,12 +71,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def spearman(a: list[float], b: list[float]) -> float:
-    """Spearman's rank correlation (average ranks for ties); nan below 3 points."""
-    from scipy.stats import spearmanr
+    """Spearman's rank correlation as the cost model's metrics compute it (average ranks for
+    ties); nan below 3 points."""
+    from gradtune.costmodel.train import spearman as rank_correlation
 
-    if len(a) < 3:
-        return float("nan")
-    return float(spearmanr(a, b).correlation)
+    return rank_correlation(a, b) if len(a) >= 3 else float("nan")
 
 
 def build(run: Path, out: Path, tasks: int, per_task: int) -> dict[str, Any]:

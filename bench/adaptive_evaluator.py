@@ -164,22 +164,11 @@ def measure_task(tracker, candidates: list[dict[str, Any]], offset: int) -> list
     return rows
 
 
-def spearman(xs: list[float], ys: list[float]) -> float:
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=v.__getitem__)
-        out = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            out[i] = float(rank)
-        return out
-
-    rx, ry = ranks(xs), ranks(ys)
-    mx, my = statistics.fmean(rx), statistics.fmean(ry)
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    var = math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
-    return cov / var if var else math.nan
-
-
 def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    import numpy as np
+
+    from gradtune.costmodel.train import spearman
+
     for row in rows:
         for way in ("fixed", "adaptive"):
             row[f"{way}_error"] = abs(row[f"{way}_us"] / row["truth_us"] - 1)
@@ -230,7 +219,9 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
             for w in ("fixed", "adaptive")
         },
         "spearman_vs_truth": {
-            w: spearman(truth, [r[f"{w}_us"] for r in rows]) for w in ("fixed", "adaptive")
+            # Tie-averaged ranks, the cost model's own metric: equal latencies rank alike.
+            w: spearman(np.array(truth), np.array([r[f"{w}_us"] for r in rows]))
+            for w in ("fixed", "adaptive")
         },
         "pick_loss_vs_true_best": picks,  # per task: truth latency of each way's pick / best - 1
         "adaptive_stops": {s: stops.count(s) for s in sorted(set(stops))},

@@ -520,6 +520,9 @@ def print_summary(summary: dict[str, Any]) -> None:
         f"tuned vs {summary['reference']}: {summary['speedup_vs_reference']:.2f}× · "
         f"max abs error {summary['max_abs_err']:.2g} · {summary['total_trials']} trials"
     )
-    console.print(f"registered [bold]{summary['registered']}[/] in {summary['mlflow_uri']}")
+    # Unwrapped: a command broken over two lines cannot be copied and run.
+    console.print(
+        f"registered [bold]{summary['registered']}[/] in {summary['mlflow_uri']}", soft_wrap=True
+    )
     pull = f"gradtune pull {summary['registered']} --out DIR --mlflow-uri {summary['mlflow_uri']}"
-    console.print(f"pull it: {pull}")
+    console.print(f"pull it: {pull}", soft_wrap=True)

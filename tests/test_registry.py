@@ -206,3 +206,17 @@ def test_register_dir_without_a_finished_run(tmp_path):
     (tmp_path / "model.so").unlink()
     with pytest.raises(GradtuneError, match="model.so is missing: nothing to register"):
         register_run_dir(tmp_path, None)
+
+
+def test_the_printed_pull_command_stays_on_one_line_whatever_the_uri_length(capsys):
+    from gradtune import pipeline
+
+    uri = "sqlite:///" + "/very-long-directory-name" * 8 + "/mlflow.db"
+    pipeline.print_summary({
+        "untuned_ms": 4.0, "tuned_ms": 0.1, "reference": "PyTorch eager", "reference_ms": 0.5,
+        "peers": {}, "speedup_vs_reference": 5.0, "max_abs_err": 1e-8, "total_trials": 8,
+        "registered": "m@champion", "mlflow_uri": uri,
+    })  # fmt: skip
+    lines = capsys.readouterr().out.splitlines()
+    pull = [line for line in lines if line.startswith("pull it: ")]
+    assert pull == [f"pull it: gradtune pull m@champion --out DIR --mlflow-uri {uri}"]

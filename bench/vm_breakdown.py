@@ -1,0 +1,243 @@
+"""Where a compiled model's inference goes beyond its kernels: the sum of its kernels timed
+alone against the whole inference, per thread count, and (with ``perf``) which code the
+difference runs in.
+
+The tuner times each kernel alone in a loop; the report's "kernels ≈" estimate sums those
+times, and a tuned model's inference is slower than that sum. For each tune out directory
+(``model.so``, ``io.json``) and each ``--threads`` count, in fresh processes, interleaved
+round by round:
+
+- **e2e**: the inference in TVM's C++ timing loop (``time_evaluator`` on a closure saved with
+  its arguments: no Python between calls);
+- **kernels**: every kernel the inference calls, timed alone in the same C++ loop on the very
+  tensors the inference passes it (captured once by an instrument on the VM's call
+  instructions, ``VirtualMachine.set_instrument``), summed over the inference's calls;
+- **calls**: how many call instructions one inference runs, kernels and the VM's builtins
+  (``vm.builtin.*``: storage and tensor allocation, shape checks, tuples).
+
+``e2e - kernels`` is what running them as one program adds: the VM's interpretation and
+builtins, the thread pool's launch and join around each parallel kernel, and caches that a
+kernel timed alone in a loop finds warm. With ``--perf`` (Linux ``perf`` with the software
+``cpu-clock`` event; no hardware counters needed), each pass also samples the e2e loop and
+splits its samples by where they ran: the library's kernels (``model.so``), TVM's runtime and
+FFI (VM, allocators, thread pool), the OS kernel (scheduling, a worker's yields, page
+faults), libc and the rest.
+
+    .venv/bin/python bench/vm_breakdown.py RUN_DIR [RUN_DIR ...] [--threads 1 2] [--perf]
+
+The last line printed is one JSON object: ``{"libraries": {name: {threads: {"e2e_us",
+"kernels_us", "overhead_us", "overhead_share", "kernel_calls", "builtin_calls",
+"perf_shares"}}}, "commit": c}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from searchbench.report import git_commit
+
+MIN_SECONDS = 0.05  # per timed block: long enough that timer and scheduler noise are small
+PERF_SECONDS = 3.0
+# perf's shared objects, grouped by what runs there.
+GROUPS = {
+    "model.so": "kernels",
+    "libtvm_runtime.so": "tvm runtime",
+    "libtvm_ffi.so": "tvm runtime",
+    "[kernel.kallsyms]": "os kernel",
+    "libc.so.6": "libc",
+}
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="gradtune tune out directories")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="TVM runtime thread counts to time at")  # fmt: skip
+    parser.add_argument("--passes", type=int, default=3, help="processes per count (≥ 3)")
+    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds per pass")
+    parser.add_argument("--perf", action="store_true", help="split the e2e loop with perf")
+    parser.add_argument("--one-pass", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    for run in args.runs:
+        for name in ("model.so", "io.json"):
+            if not (run / name).is_file():
+                parser.exit(2, f"vm_breakdown: {run} has no {name} (not a gradtune tune out dir)\n")
+    if args.passes < 3 and not args.one_pass:
+        parser.exit(2, "vm_breakdown: --passes must be at least 3\n")
+    if args.rounds < 3:
+        parser.exit(2, "vm_breakdown: --rounds must be at least 3\n")
+    if min(args.threads) < 1:
+        parser.exit(2, "vm_breakdown: --threads must be positive\n")
+    if args.perf and not args.one_pass and shutil.which("perf") is None:
+        parser.exit(2, "vm_breakdown: --perf needs Linux perf on PATH (Debian: linux-perf)\n")
+    return args
+
+
+def repeats_for(timer: Any) -> int:
+    """Runs per timed block: doubled until one block lasts ``MIN_SECONDS``."""
+    n = 1
+    while timer(n) * n < MIN_SECONDS:
+        n *= 2
+    return n
+
+
+def perf_shares(seconds: float, loop: Any) -> dict[str, float]:
+    """Share of this process's ``cpu-clock`` samples per code group while ``loop`` runs."""
+    with tempfile.TemporaryDirectory() as tmp:
+        data = Path(tmp) / "perf.data"
+        proc = subprocess.Popen(
+            ["perf", "record", "-q", "-e", "cpu-clock", "-F", "4000", "-p", str(os.getpid()),
+             "-o", str(data), "--", "sleep", str(seconds)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        time.sleep(0.3)  # perf attaches before the loop starts
+        while proc.poll() is None:
+            loop()
+        report = subprocess.run(
+            ["perf", "report", "-i", str(data), "--sort", "dso", "--stdio", "-q"],
+            capture_output=True, text=True, check=False,
+        ).stdout  # fmt: skip
+    shares: dict[str, float] = {}
+    for line in report.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].endswith("%"):
+            group = GROUPS.get(parts[1], "other")
+            shares[group] = shares.get(group, 0.0) + float(parts[0][:-1]) / 100
+    return {k: round(v, 4) for k, v in sorted(shares.items())}
+
+
+def time_library(run: Path, rounds: int, with_perf: bool) -> dict[str, Any]:
+    """One library's e2e and summed-kernel µs of each round, its call counts, perf's split."""
+    import numpy as np
+    import tvm
+    import tvm_ffi
+    from tvm import relax
+
+    lib = tvm.runtime.load_module(str(run / "model.so"))
+    dev = tvm.cpu(0)
+    vm = relax.VirtualMachine(lib, dev)
+    kernels_mod = lib.imports[0]  # the kernels' library, beside the VM's bytecode
+    specs = json.loads((run / "io.json").read_text())["inputs"]
+    rng = np.random.default_rng(0)
+    args = [
+        tvm.runtime.tensor(rng.standard_normal(s["shape"]).astype(s["dtype"]), dev) for s in specs
+    ]
+    calls: list[tuple[str, list[Any]]] = []
+
+    def capture(func: Any, symbol: str, before: bool, ret: Any, *call_args: Any) -> int:
+        if before:
+            calls.append((symbol, list(call_args)))
+        return 0  # VMInstrumentReturnKind.NO_OP: run the call as usual
+
+    vm["main"](*args)  # first-call allocations before the capture
+    vm.set_instrument(tvm_ffi.convert(capture))
+    vm["main"](*args)
+    kernel_calls = [(s, a) for s, a in calls if not s.startswith("vm.builtin.")]
+    vm = relax.VirtualMachine(lib, dev)  # the timed VM has no instrument
+    vm.save_function("main", "gradtune_saved", *args)
+
+    def e2e_timer(n: int) -> float:
+        return vm.time_evaluator("gradtune_saved", dev, number=n, repeat=1)().mean
+
+    def kernel_timer(symbol: str, call_args: list[Any]) -> Any:
+        return lambda n: (
+            kernels_mod.time_evaluator(symbol, dev, number=n, repeat=1)(*call_args).mean
+        )
+
+    timers = [kernel_timer(s, a) for s, a in kernel_calls]
+    counts = [repeats_for(t) for t in timers]
+    n_e2e = repeats_for(e2e_timer)
+    e2e, summed = [], []
+    for _ in range(rounds):
+        e2e.append(e2e_timer(n_e2e) * 1e6)
+        summed.append(sum(t(n) for t, n in zip(timers, counts, strict=True)) * 1e6)
+    record: dict[str, Any] = {
+        "e2e_us": e2e,
+        "kernels_us": summed,
+        "kernel_calls": len(kernel_calls),
+        "builtin_calls": len(calls) - len(kernel_calls),
+    }
+    if with_perf:
+        record["perf_shares"] = perf_shares(PERF_SECONDS, lambda: e2e_timer(n_e2e))
+    return record
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.one_pass:
+        from gradtune import threads
+
+        result = {run.name: time_library(run, args.rounds, args.perf) for run in args.runs}
+        print(json.dumps({"libraries": result, "tvm_threads": threads.runtime_threads()}))
+        return 0
+    passes: dict[int, list[dict[str, Any]]] = {t: [] for t in args.threads}
+    for k in range(args.passes):  # thread counts alternate pass by pass: drift hits all alike
+        for count in args.threads:
+            env = {**os.environ, "TVM_NUM_THREADS": str(count)}
+            proc = subprocess.run(
+                [sys.executable, __file__, *map(str, args.runs), "--rounds", str(args.rounds),
+                 "--one-pass", *(["--perf"] if args.perf else [])],
+                capture_output=True, text=True, check=False, env=env,
+            )  # fmt: skip
+            if proc.returncode != 0:
+                print(proc.stderr[-2000:], file=sys.stderr)
+                return 1
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            if result["tvm_threads"] != count:
+                print(f"vm_breakdown: asked for {count} threads, TVM ran "
+                      f"{result['tvm_threads']}", file=sys.stderr)  # fmt: skip
+                return 1
+            passes[count].append(result["libraries"])
+        print(f"pass {k + 1}/{args.passes} done", file=sys.stderr)
+    summary: dict[str, dict[int, dict[str, Any]]] = {}
+    print(
+        "| library | threads | e2e µs | kernels µs | e2e − kernels µs | share | calls "
+        "kernels / builtins | perf: kernels / tvm runtime / os kernel / libc / other |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    for run in args.runs:
+        for count in args.threads:
+            per = [p[run.name] for p in passes[count]]
+            e2e = statistics.median(statistics.median(p["e2e_us"]) for p in per)
+            kernels = statistics.median(statistics.median(p["kernels_us"]) for p in per)
+            # The difference round by round (both timed back to back), its median over passes.
+            over = statistics.median(
+                statistics.median(a - b for a, b in zip(p["e2e_us"], p["kernels_us"], strict=True))
+                for p in per
+            )
+            row: dict[str, Any] = {
+                "e2e_us": round(e2e, 2),
+                "kernels_us": round(kernels, 2),
+                "overhead_us": round(over, 2),
+                "overhead_share": round(over / e2e, 4),
+                "kernel_calls": per[0]["kernel_calls"],
+                "builtin_calls": per[0]["builtin_calls"],
+            }
+            shares = ""
+            if args.perf:
+                groups = ("kernels", "tvm runtime", "os kernel", "libc", "other")
+                row["perf_shares"] = {
+                    g: round(statistics.median(p["perf_shares"].get(g, 0.0) for p in per), 4)
+                    for g in groups
+                }
+                shares = " / ".join(f"{row['perf_shares'][g]:.0%}" for g in groups)
+            summary.setdefault(run.name, {})[count] = row
+            print(f"| {run.name} | {count} | {e2e:.1f} | {kernels:.1f} | {over:.1f} | "
+                  f"{over / e2e:.0%} | {row['kernel_calls']} / {row['builtin_calls']} | "
+                  f"{shares} |")  # fmt: skip
+    print(json.dumps({"libraries": summary, "commit": git_commit()}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from searchbench.report import git_commit
+from tuned_library import check_timing_args, input_tensors, timing_parser
 
 MIN_SECONDS = 0.05  # per timed block: long enough that timer and scheduler noise are small
 PERF_SECONDS = 3.0
@@ -59,23 +60,12 @@ GROUPS = {
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="gradtune tune out directories")
+    parser = timing_parser(__doc__.splitlines()[0], rounds=9)
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                         help="TVM runtime thread counts to time at")  # fmt: skip
-    parser.add_argument("--passes", type=int, default=3, help="processes per count (≥ 3)")
-    parser.add_argument("--rounds", type=int, default=9, help="interleaved rounds per pass")
     parser.add_argument("--perf", action="store_true", help="split the e2e loop with perf")
-    parser.add_argument("--one-pass", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    for run in args.runs:
-        for name in ("model.so", "io.json"):
-            if not (run / name).is_file():
-                parser.exit(2, f"vm_breakdown: {run} has no {name} (not a gradtune tune out dir)\n")
-    if args.passes < 3 and not args.one_pass:
-        parser.exit(2, "vm_breakdown: --passes must be at least 3\n")
-    if args.rounds < 3:
-        parser.exit(2, "vm_breakdown: --rounds must be at least 3\n")
+    check_timing_args(parser, args, "vm_breakdown")
     if min(args.threads) < 1:
         parser.exit(2, "vm_breakdown: --threads must be positive\n")
     if args.perf and not args.one_pass and shutil.which("perf") is None:
@@ -118,7 +108,6 @@ def perf_shares(seconds: float, loop: Any) -> dict[str, float]:
 
 def time_library(run: Path, rounds: int, with_perf: bool) -> dict[str, Any]:
     """One library's e2e and summed-kernel µs of each round, its call counts, perf's split."""
-    import numpy as np
     import tvm
     import tvm_ffi
     from tvm import relax
@@ -127,11 +116,7 @@ def time_library(run: Path, rounds: int, with_perf: bool) -> dict[str, Any]:
     dev = tvm.cpu(0)
     vm = relax.VirtualMachine(lib, dev)
     kernels_mod = lib.imports[0]  # the kernels' library, beside the VM's bytecode
-    specs = json.loads((run / "io.json").read_text())["inputs"]
-    rng = np.random.default_rng(0)
-    args = [
-        tvm.runtime.tensor(rng.standard_normal(s["shape"]).astype(s["dtype"]), dev) for s in specs
-    ]
+    args = input_tensors(run, dev)
     calls: list[tuple[str, list[Any]]] = []
 
     def capture(func: Any, symbol: str, before: bool, ret: Any, *call_args: Any) -> int:

@@ -34,42 +34,24 @@ from pathlib import Path
 from typing import Any
 
 from searchbench.report import git_commit
+from tuned_library import check_timing_args, input_tensors, timing_parser
 
 MIN_SECONDS = 0.05  # per block: long enough that timer and scheduler noise are small
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("runs", nargs="+", type=Path, help="gradtune tune out directories")
-    parser.add_argument("--passes", type=int, default=3, help="timing processes (≥ 3)")
-    parser.add_argument("--rounds", type=int, default=15, help="interleaved rounds per pass")
-    parser.add_argument("--one-pass", action="store_true", help=argparse.SUPPRESS)
+    parser = timing_parser(__doc__.splitlines()[0], rounds=15)
     args = parser.parse_args(argv)
-    for run in args.runs:
-        for name in ("model.so", "io.json"):
-            if not (run / name).is_file():
-                parser.exit(2, f"vm_call: {run} has no {name} (not a gradtune tune out dir)\n")
-    if args.passes < 3 and not args.one_pass:
-        parser.exit(2, "vm_call: --passes must be at least 3\n")
-    if args.rounds < 3:
-        parser.exit(2, "vm_call: --rounds must be at least 3\n")
+    check_timing_args(parser, args, "vm_call")
     return args
 
 
 def loaded(run: Path) -> tuple[Any, Any, list[Any]]:
     """(vm, device, argument tensors) of a tune out directory's library."""
-    import numpy as np
-    import tvm
-
     from gradtune import compilation
 
     vm, dev = compilation.load_exported(run / "model.so")
-    rng = np.random.default_rng(0)
-    specs = json.loads((run / "io.json").read_text())["inputs"]
-    args = [
-        tvm.runtime.tensor(rng.standard_normal(s["shape"]).astype(s["dtype"]), dev) for s in specs
-    ]
-    return vm, dev, args
+    return vm, dev, input_tensors(run, dev)
 
 
 def block(fn: Any, n: int) -> float:

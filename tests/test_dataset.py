@@ -470,6 +470,22 @@ def test_descriptor_of_this_machine_reads_cpuinfo_and_sysfs_caches():
     json.dumps(d)  # it goes into JSON files
 
 
+def test_a_tracker_on_this_host_is_asked_which_thread_count_its_server_runs_on(monkeypatch):
+    from gradtune.dataset.collect import session_machine
+    from gradtune.measure.rpc_fleet import LocalFleet
+
+    target = {"kind": "llvm", "num-cores": 2}
+    # A server the user started on loopback sizes its pool from the environment it was started
+    # in (the fleet's servers inherit this process's), whatever this process runs on.
+    monkeypatch.setenv("TVM_NUM_THREADS", "1")
+    with LocalFleet() as tracker:
+        monkeypatch.undo()  # this process back on its own count: only the server is on 1
+        machine = session_machine(target, tracker)
+    assert machine["tvm_threads"] == 1 and machine["devices"] is None
+    # The local fleet (no tracker given) is started on the target's count.
+    assert session_machine(target, None)["tvm_threads"] == threads.target_threads(target)
+
+
 ARM_CPUINFO = """processor\t: 0
 BogoMIPS\t: 50.00
 Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm \

@@ -353,16 +353,21 @@ def collect(
 def session_machine(target_config: dict[str, Any], tracker: Any | None) -> dict[str, Any]:
     """The descriptor of what measures this session: this host when the RPC servers run here
     (the local fleet, or a tracker on loopback), else this host plus the tracker's name; with
-    the thread count the servers run kernels on (a remote server is asked; None if busy)."""
+    the thread count the servers run kernels on. The local fleet's servers are started on the
+    target's; a tracker's server, on this host or not, sizes its pool from the environment it
+    was started in, so it is asked (None if busy)."""
     from ..measure.rpc_fleet import is_loopback, server_threads
     from ..threads import target_threads
 
-    if tracker is None or is_loopback(str(tracker.host)):
+    if tracker is None:
         return describe(target_config, threads=target_threads(target_config))
+    threads = server_threads(tracker)
+    if is_loopback(str(tracker.host)):
+        return describe(target_config, threads=threads)
     return describe(
         target_config,
         devices=f"rpc tracker {tracker.host}:{tracker.port} key {tracker.key}",
-        threads=server_threads(tracker),
+        threads=threads,
     )
 
 

@@ -22,7 +22,8 @@ def timing_parser(description: str, rounds: int) -> argparse.ArgumentParser:
 
 
 def check_timing_args(parser: argparse.ArgumentParser, args: argparse.Namespace, prog: str) -> None:
-    """Exit 2 with one line on the first argument ``timing_parser``'s can't time."""
+    """Exit 2 with one line naming the first of ``timing_parser``'s arguments that cannot be
+    timed."""
     for run in args.runs:
         for name in ("model.so", "io.json"):
             if not (run / name).is_file():

@@ -361,14 +361,9 @@ def session_machine(target_config: dict[str, Any], tracker: Any | None) -> dict[
 
     if tracker is None:
         return describe(target_config, threads=target_threads(target_config))
-    threads = server_threads(tracker)
-    if is_loopback(str(tracker.host)):
-        return describe(target_config, threads=threads)
-    return describe(
-        target_config,
-        devices=f"rpc tracker {tracker.host}:{tracker.port} key {tracker.key}",
-        threads=threads,
-    )
+    here = is_loopback(str(tracker.host))
+    devices = None if here else f"rpc tracker {tracker.host}:{tracker.port} key {tracker.key}"
+    return describe(target_config, devices=devices, threads=server_threads(tracker))
 
 
 @contextlib.contextmanager

@@ -138,8 +138,10 @@ class GradientConfig(NamedTuple):
         population of 128 was level (squeeze_fire) and 1.15× faster end to end (mbconv_se) at
         480 s; on a Zen 5 an evolution took ~13 s, and 128 made bert_block slower, its largest
         matmul short of programs scored per round
-        (``bench/results/search_efficiency_emeraldrapids_explorer_population128.md``). This
-        rule itself has not been benchmarked yet.
+        (``bench/results/search_efficiency_emeraldrapids_explorer_population128.md``). At
+        0.25 on a Zen 4, measured alone, the population fell to 64 within three evolutions:
+        14-46% more trials in 480 s, final libraries 2-5% slower on the three held-out models
+        (one seed; ``search_efficiency_znver4_2threads_alone_explorer_time_share0.25.md``).
     explorer_in_warmup : bool, default True
         Whether the explorer fills its share of a task's first batch of the run
         (``random_warmup``, when on, takes that share first). Its population then has at most
@@ -200,7 +202,11 @@ class GradientConfig(NamedTuple):
         The explorer fills its share of every ``explorer_every``-th batch of a task, from the
         first it may fill; the descent fills the others whole, ``explore`` of them drawn at
         random. After the warm-up, a round's evolution is most of the search's time: ~20 s on
-        one of mbconv_se's fast-sigmoid convolutions, against ~2 s for the descent.
+        one of mbconv_se's fast-sigmoid convolutions, against ~2 s for the descent. Yet at 2,
+        on a Zen 4 with batches measured alone, up to 9% more trials in 480 s gave final
+        libraries 0.83 / 0.85 / 1.03 of the default's side by side (squeeze_fire / bert_block /
+        mbconv_se, one seed; ``search_efficiency_znver4_2threads_alone_explorer_every2.md``):
+        the evolved programs are worth their time.
     acquisition : {"score", "ei"}, default "score"
         What the descent climbs and the picks are ranked by. ``score`` is Felix's: the MLP's
         score. ``ei`` is AdaTune's: the expected improvement of the ensemble's standardized

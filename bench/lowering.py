@@ -270,8 +270,9 @@ def time_model(args: argparse.Namespace, model: str) -> dict[str, Any]:
     ort = peers.checked(ORT, lambda: peers.ort_runner(onnx_bytes, feed, threads), imported,
                         onnx_error)  # fmt: skip
     extra = {ORT: ort.run} if ort.run is not None else {}
-    ms = api.time_libraries(libraries, imported.inputs, target, extra)
-    return {"model": model, "ms": ms, "ort_error": ort.error, "threads": threads,
+    timing = api.time_libraries(libraries, imported.inputs, target, extra)
+    return {"model": model, "ms": timing.medians(), "timing": timing.conditions(),
+            "ort_error": ort.error, "threads": threads,
             "date": time.strftime("%Y-%m-%dT%H:%M:%S")}  # fmt: skip
 
 

@@ -170,10 +170,11 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
     start = time.perf_counter()
     with peers.torch_threads(threads):
         found = peers.build_peers(model, threads, twin)
-        ms = compilation.time_interleaved(
+        timing = compilation.time_rounds(
             {"tuned": tuned.run, **found.runnable()}, repeats,
             pools={"tuned": "tvm", **peers.POOLS},
         )  # fmt: skip
+    ms = timing.medians()
     errors = found.errors()
     peer = {p: {"ms": ms.get(p), "error": errors.get(p)} for p in peers.PEER_NAMES}
 
@@ -183,6 +184,7 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
     return {
         "model": name,
         "tuned_ms": ms["tuned"],
+        "timing": timing.conditions(),
         "peers": peer,
         "vs_ort": ratio(peers.ORT),
         "vs_torch_compile": ratio(peers.TORCH_COMPILE),

@@ -13,11 +13,13 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from . import crosscore
 from .errors import GradtuneError
 from .partition import device_of
 
@@ -145,16 +147,56 @@ def verify(
 SETTLE_SECONDS = 0.3
 
 
+# Below this many rounds at the usual cross-core speed, a timing keeps every round: the state
+# changed throughout, and a median of two rounds says less than one of all of them.
+MIN_STEADY_ROUNDS = 3
+TVM_POOL = "tvm"  # ``pools``' name for TVM's thread pool, which the cross-core probe runs on
+
+
+@dataclass
+class Timing:
+    """An interleaved timing: per-call ms of each function in every round, and the cross-core
+    probe (``crosscore``) before the first round and after each (``None``: not probed)."""
+
+    samples: dict[str, list[float]]
+    link_ns: list[float | None]
+
+    @property
+    def steady(self) -> list[bool]:
+        """Per round: whether it ran at the usual cross-core speed; all true when too few did
+        (``MIN_STEADY_ROUNDS``)."""
+        steady = crosscore.steady_rounds(self.link_ns)
+        return steady if sum(steady) >= MIN_STEADY_ROUNDS else [True] * len(steady)
+
+    def kept(self) -> dict[str, list[float]]:
+        """The samples of the steady rounds."""
+        keep = self.steady
+        return {name: [v for v, k in zip(vs, keep, strict=True) if k]
+                for name, vs in self.samples.items()}  # fmt: skip
+
+    def medians(self) -> dict[str, float]:
+        """Median ms per call of each function over the steady rounds."""
+        return {name: statistics.median(values) for name, values in self.kept().items()}
+
+    def conditions(self) -> dict[str, Any]:
+        """What a result records of the timing: rounds kept of all, the probe's range."""
+        readings = [x for x in self.link_ns if x is not None]
+        return {
+            "rounds": len(self.steady),
+            "steady_rounds": sum(self.steady),
+            "link_ns": [round(min(readings)), round(max(readings))] if readings else None,
+        }
+
+
 def time_interleaved(
     fns: dict[str, Callable[[], Any]],
     repeats: int = 7,
     min_seconds: float = 0.05,
     pools: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """Median per-call latency (ms) of each function, timed in alternation
-    (``time_interleaved_samples``)."""
-    samples = time_interleaved_samples(fns, repeats, min_seconds, pools)
-    return {name: statistics.median(values) for name, values in samples.items()}
+    """Median per-call latency (ms) of each function over the steady rounds of
+    ``time_rounds``."""
+    return time_rounds(fns, repeats, min_seconds, pools).medians()
 
 
 def time_interleaved_samples(
@@ -163,18 +205,36 @@ def time_interleaved_samples(
     min_seconds: float = 0.05,
     pools: dict[str, str] | None = None,
 ) -> dict[str, list[float]]:
+    """Per-call latency (ms) of each function in each steady round of ``time_rounds``."""
+    return time_rounds(fns, repeats, min_seconds, pools).kept()
+
+
+_probe = crosscore.LinkProbe()
+
+
+def time_rounds(
+    fns: dict[str, Callable[[], Any]],
+    repeats: int = 7,
+    min_seconds: float = 0.05,
+    pools: dict[str, str] | None = None,
+) -> Timing:
     """Per-call latency (ms) of each function in each of ``repeats`` rounds, the functions
-    timed in alternation within every round.
+    timed in alternation within every round, and the cross-core probe around every round.
 
     ``pools`` names the thread pool each function runs on (its runtime: TVM modules share the
-    calling thread's, torch.compile and PyTorch eager share OpenMP's): a block that follows
-    another pool's waits ``SETTLE_SECONDS`` first. Without it every function shares one.
+    calling thread's, named ``TVM_POOL``; torch.compile and PyTorch eager share OpenMP's): a
+    block that follows another pool's waits ``SETTLE_SECONDS`` first. Without it every function
+    shares TVM's.
 
     The machine is shared and noisy: interleaving exposes every contender to the same drift,
     and medians over repeats discard bursts; the spread of the samples says how far apart two
-    medians must be to differ.
+    medians must be to differ. Drift that moves the cores apart changes the machine itself
+    (``crosscore``): the probe marks the rounds it spans.
     """
-    pool_of = (pools or {}).get
+
+    def pool_of(name: str) -> str:
+        return (pools or {}).get(name, TVM_POOL)
+
     for fn in fns.values():  # warm-up: allocation, first-call JIT, caches
         fn()
         fn()
@@ -190,7 +250,16 @@ def time_interleaved_samples(
                 n *= 2
         numbers[name] = n
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    last = pool_of(list(fns)[-1]) if fns else None  # the pool calibrated last
+    last = pool_of(list(fns)[-1]) if fns else TVM_POOL  # the pool calibrated last
+
+    def probe() -> float | None:
+        nonlocal last
+        if last != TVM_POOL:
+            time.sleep(SETTLE_SECONDS)
+            last = TVM_POOL
+        return _probe()
+
+    link_ns = [probe()]
     for _ in range(repeats):
         for name, fn in fns.items():
             if pool_of(name) != last:
@@ -201,7 +270,8 @@ def time_interleaved_samples(
             for _ in range(n):
                 fn()
             samples[name].append((time.perf_counter() - start) / n * 1e3)
-    return samples
+        link_ns.append(probe())
+    return Timing(samples, link_ns)
 
 
 def export(executable: Any, path: Path) -> Path:

@@ -57,6 +57,7 @@ class CompileResult:
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> {ms, error}
     peer_threads: int = 0
     tvm_threads: int = 0  # the size of the pool TVM's runtime ran the timed kernels on
+    timing: dict[str, Any] = field(default_factory=dict)  # compilation.Timing.conditions
     ort_op_us: dict[str, float] = field(default_factory=dict)
     peak: dict[str, Any] | None = None
     # Set only by a compile_stage(strict=False) whose tuned build failed verification.
@@ -252,7 +253,8 @@ def compile_stage(
         if reference not in fns:
             pools["reference"] = pools[reference]  # the framework's own runtime
             reference, fns["reference"] = "reference", model.run_reference
-        latencies = compilation.time_interleaved(fns, pools=pools)
+        timing = compilation.time_rounds(fns, pools=pools)
+        latencies = timing.medians()
         ort_op_us = contenders.ort_op_us()
     log.info(
         "latency ms: untuned %.3f, tuned %.3f, reference %.3f; max abs error %.2g",
@@ -269,6 +271,7 @@ def compile_stage(
         peers={p.name: {"ms": latencies.get(p.name), "error": p.error} for p in contenders.peers},
         peer_threads=threads,
         tvm_threads=runtime_threads(),
+        timing=timing.conditions(),
         ort_op_us=ort_op_us,
         # The peak is this CPU's: a GPU target's kernels are not measured against it.
         peak=None if is_gpu(target) else roofline.machine_peak(threads),
@@ -330,6 +333,8 @@ def run_summary(
         # tuned ms / peer ms (below 1: the tuned model is faster).
         "peer_threads": compiled.peer_threads,
         "tvm_threads": compiled.tvm_threads,
+        # Rounds timed while the cores passed data at their usual speed, of all (crosscore).
+        "timing": compiled.timing,
         "peers": {
             name: {
                 "ms": p["ms"],

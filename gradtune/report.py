@@ -53,6 +53,18 @@ def fmt(value: float | None, spec: str = ".1f", scale: float = 1.0) -> str:
     return "–" if value is None else format(value * scale, spec)
 
 
+def steady_line(timing: dict[str, Any]) -> list[str]:
+    """Which timed rounds stand, when the cross-core probe dropped some (``crosscore``)."""
+    if not timing.get("link_ns") or timing["steady_rounds"] == timing["rounds"]:
+        return []
+    low, high = timing["link_ns"]
+    return [
+        f"The medians are of {timing['steady_rounds']} of {timing['rounds']} rounds: in the"
+        f" others the cores passed data slower (a parallel launch of TVM's pool took up to"
+        f" {high} ns against {low} ns), as when a virtual machine's host moves its vCPUs apart."
+    ]
+
+
 def peer_lines(summary: dict[str, Any]) -> list[str]:
     """The peers' table: what a user would deploy instead, timed beside the tuned model."""
     peers = summary.get("peers") or {}
@@ -66,6 +78,7 @@ def peer_lines(summary: dict[str, Any]) -> list[str]:
         f" {summary.get('tvm_threads') or '?'} (TVM's runtime, `TVM_NUM_THREADS`; its kernels are"
         " compiled for the target's `num-cores`), timed interleaved in one process. Ratio = tuned"
         " ms / peer ms: below 1 the tuned model is faster.",
+        *steady_line(summary.get("timing") or {}),
         "",
         "| peer | ms | tuned / peer | why not run |",
         "|---|---:|---:|---|",

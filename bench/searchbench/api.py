@@ -270,9 +270,10 @@ def build_verify_export(model: Any, fused: Any, target: Any, database: Any, out:
 def time_libraries(
     libraries: dict[str, Path], inputs: list[Any], target: Any,
     extra: dict[str, Callable[[], Any]] | None = None,
-) -> dict[str, float]:  # fmt: skip
-    """Median ms per inference of each exported library (and of each ``extra`` call: a peer),
-    timed interleaved in this process."""
+) -> Any:  # fmt: skip
+    """Each exported library (and each ``extra`` call: a peer) timed interleaved in this
+    process: a ``compilation.Timing`` (``medians()``: ms per inference over its steady
+    rounds)."""
     import tvm
 
     from gradtune import compilation
@@ -288,4 +289,4 @@ def time_libraries(
 
         calls[label] = run
     # More and longer repeats than the CLI's timing: up to 18 libraries share a shared machine.
-    return compilation.time_interleaved(calls, repeats=15, min_seconds=0.1)
+    return compilation.time_rounds(calls, repeats=15, min_seconds=0.1)

@@ -6,7 +6,10 @@ repeats), so the shared machine's drift hits every contender alike. That is one 
 record holds ``PASSES`` of them, each loading the libraries afresh. On a 2-core VM one
 library's latency moved by up to 30% between passes of one process while the ratios within a
 pass held, so ratios are taken within each pass and their median reported
-(``searchbench.analysis``), never between medians of different passes.
+(``searchbench.analysis``), never between medians of different passes. Within a pass only the
+rounds the cross-core probe found steady count (``gradtune.crosscore``): the host moved the
+VM's two vCPUs apart for tens of seconds at a time, which slowed every library on 2 threads
+by up to 1.7x, and by more or less depending on how much data its kernels pass between cores.
 
 The result is saved with the libraries it covers, each by label, size and modification time;
 it is redone when any of them changes (a run redone or moved in from another layout under the
@@ -71,22 +74,26 @@ def timed(model: str, found: dict[str, Path], work: Path, passes: int = PASSES) 
     imported = api.import_model(MODELS[model].tuning_file(work))
     load_before = os.getloadavg()
     start = time.perf_counter()
-    each = []
+    each, conditions = [], []
     for _ in range(passes):
-        ms = api.time_libraries(found, imported.inputs, target)
-        each.append({label: round(v, 5) for label, v in ms.items()})
+        timing = api.time_libraries(found, imported.inputs, target)
+        each.append({label: round(v, 5) for label, v in timing.medians().items()})
+        conditions.append(timing.conditions())
     record = {
         "model": model,
         "ms": {label: round(statistics.median(p[label] for p in each), 5) for label in found},
         "passes": each,
+        "pass_conditions": conditions,  # rounds kept per pass (compilation.Timing)
         "libraries": identities(found),
         "seconds": round(time.perf_counter() - start, 1),
         "loadavg_before": [round(x, 2) for x in load_before],
         "loadavg_after": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    steady = sum(c["steady_rounds"] for c in conditions)
+    rounds = sum(c["rounds"] for c in conditions)
     print(f"{model}: timed {len(found)} libraries interleaved, {passes} passes, in "
-          f"{record['seconds']} s", flush=True)  # fmt: skip
+          f"{record['seconds']} s; {steady} of {rounds} rounds steady", flush=True)  # fmt: skip
     return record
 
 

@@ -1,0 +1,82 @@
+"""Whether the cores a timing runs on pass data between them at their usual speed right now.
+
+A model's inference on several threads hands data from core to core: each kernel leaves its
+output in the caches of the cores that wrote it, and the next kernel, split another way, reads
+it on others. How fast a cache line crosses between cores depends on where they sit, and a
+virtual machine's host may move its vCPUs. On a 2-vCPU KVM guest (AMD EPYC Zen 4) the host
+moved them apart and back every 10–60 s: a cache line's one-way trip between the two took
+~170 ns instead of ~38 ns (a C ping-pong), an empty parallel launch of TVM's thread pool
+~1.6 µs instead of ~0.8 µs, and a tuned 4-convolution CNN's inference on 2 threads ~165 µs
+instead of ~100 µs, while its kernels timed alone each in a loop (their data staying on their
+own cores) slowed by only ~15%. A timing that mixes the two states compares contenders measured
+on two different machines, and the state, not the contender, decides who wins: two timings of
+one campaign's libraries disagreed by up to 1.7x per library before this was found.
+
+``LinkProbe`` times that empty parallel launch in TVM's C++ loop (``time_evaluator``, ~2 ms
+per probe), so it measures the very pool the contenders run on. ``steady_rounds`` keeps the
+rounds of an interleaved timing whose probes before and after both read the fastest state seen
+in that timing. On a machine whose cores stay put (bare metal, a VM pinned by its host) every
+probe reads alike and nothing is dropped. On one thread nothing crosses cores: nothing is probed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# The two states above differ 2x in the probe; run-to-run jitter within a state stayed under
+# 1.35x of its fastest reading (a 120 s trace, probe every 0.5 s).
+TOLERANCE = 1.5
+LAUNCHES = 2000  # per probe: ~2 ms at ~1 µs each, long against the timer, short against a state
+
+
+class LinkProbe:
+    """ns per empty parallel launch on this thread's TVM pool; ``None`` on a one-thread pool.
+
+    The kernel is built on the first call that needs it, for this host's CPU (``llvm``): the
+    pool it probes is the host's, whatever device the contenders run on.
+    """
+
+    def __init__(self) -> None:
+        self._evaluator: Any = None
+        self._args: list[Any] = []
+        self._threads: int | None = None
+
+    def __call__(self) -> float | None:
+        from .threads import runtime_threads
+
+        if self._threads is None:
+            self._threads = runtime_threads()
+        if self._threads < 2:
+            return None
+        if self._evaluator is None:
+            self._build()
+        return float(self._evaluator(*self._args).mean * 1e9)
+
+    def _build(self) -> None:
+        import numpy as np
+        import tvm
+        from tvm import s_tir, te
+
+        threads = self._threads or 2
+        a = te.placeholder((threads, 16), name="a")
+        b = te.compute((threads, 16), lambda i, j: a[i, j] + 1.0, name="b")
+        sch = s_tir.Schedule(te.create_prim_func([a, b]))
+        rows, _ = sch.get_loops(sch.get_sblock("b"))
+        sch.parallel(rows)  # one row per worker: each touches one cache line, nothing else
+        lib = tvm.compile(sch.mod, target="llvm").mod
+        dev = tvm.cpu(0)
+        self._args = [tvm.runtime.tensor(np.zeros((threads, 16), "float32"), dev) for _ in "ab"]
+        self._evaluator = lib.time_evaluator("main", dev, number=LAUNCHES, repeat=1)
+
+
+def steady_rounds(link_ns: Sequence[float | None], tolerance: float = TOLERANCE) -> list[bool]:
+    """For rounds bounded by consecutive probes (``link_ns[k]`` before round ``k``,
+    ``link_ns[k + 1]`` after it): whether both bounds read within ``tolerance`` of the fastest
+    probe. All true when nothing was probed."""
+    rounds = len(link_ns) - 1
+    readings = [x for x in link_ns if x is not None]
+    if len(readings) < len(link_ns) or not readings:
+        return [True] * max(rounds, 0)
+    limit = tolerance * min(readings)
+    return [link_ns[k] <= limit and link_ns[k + 1] <= limit for k in range(rounds)]  # type: ignore[operator]

@@ -147,45 +147,62 @@ def verify(
 SETTLE_SECONDS = 0.3
 
 
-# Below this many rounds at the usual cross-core speed, a timing keeps every round: the state
-# changed throughout, and a median of two rounds says less than one of all of them.
-MIN_STEADY_ROUNDS = 3
+# A state (``crosscore``) with fewer rounds than this has no median worth taking.
+MIN_STATE_ROUNDS = 3
 TVM_POOL = "tvm"  # ``pools``' name for TVM's thread pool, which the cross-core probe runs on
 
 
 @dataclass
 class Timing:
-    """An interleaved timing: per-call ms of each function in every round, and the cross-core
-    probe (``crosscore``) before the first round and after each (``None``: not probed)."""
+    """An interleaved timing: per-call ms of each function in every round, the cross-core
+    probe (``crosscore``) before the first round and after each (``None``: not probed), and
+    the reading that counts as ``NEAR`` (None: the fastest of ``link_ns``). Each method takes
+    another ``reference``: a benchmark's fastest over all its timings."""
 
     samples: dict[str, list[float]]
     link_ns: list[float | None]
+    reference: float | None = None
 
-    @property
-    def steady(self) -> list[bool]:
-        """Per round: whether it ran at the usual cross-core speed; all true when too few did
-        (``MIN_STEADY_ROUNDS``)."""
-        steady = crosscore.steady_rounds(self.link_ns)
-        return steady if sum(steady) >= MIN_STEADY_ROUNDS else [True] * len(steady)
+    def state(self, reference: float | None = None) -> str:
+        """The state the kept rounds share: ``NEAR`` if at least ``MIN_STATE_ROUNDS`` rounds
+        ran in it (cores as close as ``reference``, default the fastest probe here), else
+        ``APART`` if as many ran in that, else ``MOVED`` (then every round is kept)."""
+        states = crosscore.round_states(self.link_ns, reference or self.reference)
+        for state in (crosscore.NEAR, crosscore.APART):
+            if states.count(state) >= MIN_STATE_ROUNDS:
+                return state
+        return crosscore.MOVED
 
-    def kept(self) -> dict[str, list[float]]:
-        """The samples of the steady rounds."""
-        keep = self.steady
+    def kept(self, reference: float | None = None) -> dict[str, list[float]]:
+        """The samples of the rounds in ``state(reference)``."""
+        state = self.state(reference)
+        states = crosscore.round_states(self.link_ns, reference or self.reference)
+        keep = [state in (s, crosscore.MOVED) for s in states]
         return {name: [v for v, k in zip(vs, keep, strict=True) if k]
                 for name, vs in self.samples.items()}  # fmt: skip
 
-    def medians(self) -> dict[str, float]:
-        """Median ms per call of each function over the steady rounds."""
-        return {name: statistics.median(values) for name, values in self.kept().items()}
+    def medians(self, reference: float | None = None) -> dict[str, float]:
+        """Median ms per call of each function over the kept rounds."""
+        return {name: statistics.median(vs) for name, vs in self.kept(reference).items()}
 
-    def conditions(self) -> dict[str, Any]:
-        """What a result records of the timing: rounds kept of all, the probe's range."""
+    def conditions(self, reference: float | None = None) -> dict[str, Any]:
+        """What a result records of the timing: the state kept, its rounds of all, the probe's
+        range (ns per empty parallel launch)."""
         readings = [x for x in self.link_ns if x is not None]
+        kept = self.kept(reference)
         return {
-            "rounds": len(self.steady),
-            "steady_rounds": sum(self.steady),
+            "state": self.state(reference),
+            "rounds": len(self.link_ns) - 1,
+            "kept_rounds": len(next(iter(kept.values()), [])),
             "link_ns": [round(min(readings)), round(max(readings))] if readings else None,
         }
+
+    def record(self) -> dict[str, Any]:
+        """Everything measured, to classify again later against another reference."""
+        return {"samples": self.samples, "link_ns": self.link_ns, "reference": self.reference}
+
+
+_probe = crosscore.LinkProbe()  # one per process: its fastest reading is the process's NEAR
 
 
 def time_interleaved(
@@ -194,8 +211,8 @@ def time_interleaved(
     min_seconds: float = 0.05,
     pools: dict[str, str] | None = None,
 ) -> dict[str, float]:
-    """Median per-call latency (ms) of each function over the steady rounds of
-    ``time_rounds``."""
+    """Median per-call latency (ms) of each function over the rounds of ``time_rounds`` that
+    ran in one cross-core state (``Timing.kept``)."""
     return time_rounds(fns, repeats, min_seconds, pools).medians()
 
 
@@ -205,11 +222,9 @@ def time_interleaved_samples(
     min_seconds: float = 0.05,
     pools: dict[str, str] | None = None,
 ) -> dict[str, list[float]]:
-    """Per-call latency (ms) of each function in each steady round of ``time_rounds``."""
+    """Per-call latency (ms) of each function in each round of ``time_rounds`` that ran in one
+    cross-core state (``Timing.kept``)."""
     return time_rounds(fns, repeats, min_seconds, pools).kept()
-
-
-_probe = crosscore.LinkProbe()
 
 
 def time_rounds(
@@ -271,7 +286,7 @@ def time_rounds(
                 fn()
             samples[name].append((time.perf_counter() - start) / n * 1e3)
         link_ns.append(probe())
-    return Timing(samples, link_ns)
+    return Timing(samples, link_ns, _probe.fastest)
 
 
 def export(executable: Any, path: Path) -> Path:

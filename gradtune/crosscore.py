@@ -13,10 +13,12 @@ on two different machines, and the state, not the contender, decides who wins: t
 one campaign's libraries disagreed by up to 1.7x per library before this was found.
 
 ``LinkProbe`` times that empty parallel launch in TVM's C++ loop (``time_evaluator``, ~2 ms
-per probe), so it measures the very pool the contenders run on. ``steady_rounds`` keeps the
-rounds of an interleaved timing whose probes before and after both read the fastest state seen
-in that timing. On a machine whose cores stay put (bare metal, a VM pinned by its host) every
-probe reads alike and nothing is dropped. On one thread nothing crosses cores: nothing is probed.
+per probe), so it measures the very pool the contenders run on. ``round_states`` sorts the
+rounds of an interleaved timing by the probes before and after each: ``NEAR`` when both read
+the fastest state seen, ``APART`` when both read slower, ``MOVED`` when the state changed
+during the round. A timing compares contenders within one state and says which. On a machine
+whose cores stay put (bare metal, a VM pinned by its host) every probe reads alike and every
+round is ``NEAR``. On one thread nothing crosses cores: nothing is probed.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class LinkProbe:
     """
 
     def __init__(self) -> None:
+        self.fastest: float | None = None  # the fastest reading yet: this process's NEAR
         self._evaluator: Any = None
         self._args: list[Any] = []
         self._threads: int | None = None
@@ -51,7 +54,9 @@ class LinkProbe:
             return None
         if self._evaluator is None:
             self._build()
-        return float(self._evaluator(*self._args).mean * 1e9)
+        reading = float(self._evaluator(*self._args).mean * 1e9)
+        self.fastest = reading if self.fastest is None else min(self.fastest, reading)
+        return reading
 
     def _build(self) -> None:
         import numpy as np
@@ -70,13 +75,23 @@ class LinkProbe:
         self._evaluator = lib.time_evaluator("main", dev, number=LAUNCHES, repeat=1)
 
 
-def steady_rounds(link_ns: Sequence[float | None], tolerance: float = TOLERANCE) -> list[bool]:
-    """For rounds bounded by consecutive probes (``link_ns[k]`` before round ``k``,
-    ``link_ns[k + 1]`` after it): whether both bounds read within ``tolerance`` of the fastest
-    probe. All true when nothing was probed."""
-    rounds = len(link_ns) - 1
+NEAR, APART, MOVED = "near", "apart", "moved"
+
+
+def round_states(
+    link_ns: Sequence[float | None], reference: float | None = None, tolerance: float = TOLERANCE
+) -> list[str]:
+    """The state of each round bounded by consecutive probes (``link_ns[k]`` before round
+    ``k``, ``link_ns[k + 1]`` after it): ``NEAR`` when both read within ``tolerance`` of
+    ``reference`` (default: the fastest of ``link_ns``), ``APART`` when both read beyond it,
+    ``MOVED`` otherwise. All ``NEAR`` when a probe is missing (nothing was probed)."""
+    rounds = max(len(link_ns) - 1, 0)
     readings = [x for x in link_ns if x is not None]
     if len(readings) < len(link_ns) or not readings:
-        return [True] * max(rounds, 0)
-    limit = tolerance * min(readings)
-    return [link_ns[k] <= limit and link_ns[k + 1] <= limit for k in range(rounds)]  # type: ignore[operator]
+        return [NEAR] * rounds
+    limit = tolerance * (reference if reference is not None else min(readings))
+    near = [x <= limit for x in readings]
+    return [
+        NEAR if near[k] and near[k + 1] else APART if not (near[k] or near[k + 1]) else MOVED
+        for k in range(rounds)
+    ]

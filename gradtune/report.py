@@ -54,14 +54,18 @@ def fmt(value: float | None, spec: str = ".1f", scale: float = 1.0) -> str:
 
 
 def steady_line(timing: dict[str, Any]) -> list[str]:
-    """Which timed rounds stand, when the cross-core probe dropped some (``crosscore``)."""
-    if not timing.get("link_ns") or timing["steady_rounds"] == timing["rounds"]:
+    """Which timed rounds stand, when the cross-core probe set some apart (``crosscore``)."""
+    if not timing.get("link_ns") or timing["kept_rounds"] == timing["rounds"]:
         return []
     low, high = timing["link_ns"]
+    where = {"near": "at their fastest", "apart": "slower (all it saw)"}.get(timing["state"])
     return [
-        f"The medians are of {timing['steady_rounds']} of {timing['rounds']} rounds: in the"
-        f" others the cores passed data slower (a parallel launch of TVM's pool took up to"
-        f" {high} ns against {low} ns), as when a virtual machine's host moves its vCPUs apart."
+        f"The medians are of the {timing['kept_rounds']} of {timing['rounds']} rounds in which"
+        f" the cores passed data {where}: an empty parallel launch of TVM's pool took {low} to"
+        f" {high} ns, as when a virtual machine's host moves its vCPUs apart."
+        if where
+        else f"The cores passed data at changing speeds throughout (an empty parallel launch of"
+        f" TVM's pool took {low} to {high} ns): the medians mix both."
     ]
 
 

@@ -3,38 +3,54 @@
 from __future__ import annotations
 
 from gradtune import compilation, crosscore
+from gradtune.crosscore import APART, MOVED, NEAR
 from gradtune.threads import runtime_threads
 
-
-def test_rounds_spanning_a_slow_probe_are_not_steady():
-    # Probes before round 0 and after each of 5 rounds; the cores sat apart around probe 2.
-    link = [800.0, 810.0, 1600.0, 820.0, 790.0, 805.0]
-    assert crosscore.steady_rounds(link) == [True, False, False, True, True]
+# Probes before round 0 and after each of 6 rounds: the cores sat apart around probes 2 and 3.
+LINK = [800.0, 810.0, 1600.0, 1650.0, 820.0, 790.0, 805.0]
 
 
-def test_every_round_is_steady_when_nothing_was_probed_or_nothing_moved():
-    assert crosscore.steady_rounds([None, None, None]) == [True, True]
-    assert crosscore.steady_rounds([1000.0, 1400.0, 1100.0]) == [True, True]
-    assert crosscore.steady_rounds([]) == []
+def test_rounds_are_sorted_by_the_probes_around_them():
+    assert crosscore.round_states(LINK) == [NEAR, MOVED, APART, MOVED, NEAR, NEAR]
+    # Against a faster reference (another pass saw the cores nearer), nothing here is near.
+    assert crosscore.round_states([1500.0, 1600.0], reference=700.0) == [APART]
 
 
-def test_a_timing_keeps_its_steady_rounds_unless_too_few():
-    samples = {"a": [1.0, 2.0, 2.1, 1.1, 1.0], "b": [3.0, 5.0, 5.2, 3.1, 3.0]}
-    timing = compilation.Timing(samples, [800.0, 810.0, 1600.0, 820.0, 790.0, 805.0])
+def test_every_round_is_near_when_nothing_was_probed_or_nothing_moved():
+    assert crosscore.round_states([None, None, None]) == [NEAR, NEAR]
+    assert crosscore.round_states([1000.0, 1400.0, 1100.0]) == [NEAR, NEAR]
+    assert crosscore.round_states([]) == []
+
+
+def test_a_timing_keeps_the_rounds_of_one_state():
+    samples = {"a": [1.0, 2.0, 2.1, 2.2, 1.1, 1.0], "b": [3.0, 5.0, 5.2, 5.1, 3.1, 3.0]}
+    timing = compilation.Timing(samples, LINK)
+    assert timing.state() == NEAR
     assert timing.kept() == {"a": [1.0, 1.1, 1.0], "b": [3.0, 3.1, 3.0]}
-    assert timing.conditions() == {"rounds": 5, "steady_rounds": 3, "link_ns": [790, 1600]}
-    # Two steady rounds of five: fewer than MIN_STEADY_ROUNDS, so all five stand.
-    unsteady = compilation.Timing(samples, [800.0, 810.0, 1600.0, 1700.0, 790.0, 805.0])
-    assert unsteady.kept() == samples
+    assert timing.medians() == {"a": 1.0, "b": 3.0}
+    assert timing.conditions() == {
+        "state": NEAR, "rounds": 6, "kept_rounds": 3, "link_ns": [790, 1650]
+    }  # fmt: skip
+    # Wholly apart against another pass's reference: its rounds are all kept, as APART.
+    apart = compilation.Timing({"a": [2.0, 2.1, 2.2]}, [1600.0, 1610.0, 1620.0, 1605.0], 700.0)
+    assert apart.state() == APART and apart.kept() == {"a": [2.0, 2.1, 2.2]}
+
+
+def test_a_timing_whose_state_kept_changing_keeps_every_round():
+    samples = {"a": [1.0, 2.0, 1.1, 2.1]}
+    timing = compilation.Timing(samples, [800.0, 1600.0, 810.0, 1650.0, 805.0])
+    assert timing.state() == MOVED and timing.kept() == samples
 
 
 def test_the_probe_times_tvms_own_pool():
     """A positive reading in ns on a pool of two or more threads, none on one thread."""
-    reading = crosscore.LinkProbe()()
+    probe = crosscore.LinkProbe()
+    reading = probe()
     if runtime_threads() < 2:
         assert reading is None
     else:
         assert reading is not None and 50.0 < reading < 1e6
+        assert probe.fastest == reading
 
 
 def test_a_timing_probes_before_and_after_every_round():

@@ -63,6 +63,10 @@ def _check_outputs(out: Path, trials: int) -> dict:
     # the count the environment names.
     expected = threads.target_threads(summary["target"])
     assert summary["peer_threads"] == summary["tvm_threads"] == expected
+    timing = summary["timing"]  # the rounds the medians are of (gradtune.crosscore)
+    assert timing["state"] in {"near", "apart", "moved"}
+    assert 3 <= timing["kept_rounds"] <= timing["rounds"] == 7
+    assert (timing["link_ns"] is None) == (expected < 2)
     assert f"the tuned model on {summary['tvm_threads']} (TVM's runtime" in report
     # The roofline: every task against the machine's peak, ONNX Runtime's profile per group.
     roof = summary["roofline"]

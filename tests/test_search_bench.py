@@ -132,6 +132,22 @@ def test_timing_is_redone_when_a_library_under_a_timed_label_changes(tmp_path):
     assert not up_to_date(layout, "bert_block"), "a record without identities vouches for nothing"
 
 
+def test_timing_passes_are_grouped_by_the_cross_core_state_of_all_passes():
+    """A pass wholly apart reads steady on its own; against the fastest probe of all passes
+    it is APART, kept out of the NEAR passes; a pass whose state moved throughout is MOVED."""
+    from searchbench.timing import by_state
+
+    from gradtune.compilation import Timing
+    from gradtune.crosscore import APART, MOVED, NEAR
+
+    near = Timing({"lib": [1.0, 1.1, 1.0]}, [800.0, 790.0, 810.0, 805.0])
+    apart = Timing({"lib": [1.7, 1.8, 1.7]}, [1600.0, 1610.0, 1590.0, 1620.0])
+    moved = Timing({"lib": [1.0, 1.8]}, [800.0, 1600.0, 800.0])
+    grouped = by_state([near, apart, moved])
+    assert grouped == {NEAR: [{"lib": 1.0}], APART: [{"lib": 1.7}], MOVED: [{"lib": 1.4}]}
+    assert by_state([apart]) == {NEAR: [{"lib": 1.7}]}, "alone, its own fastest is near"
+
+
 def test_end_to_end_ratio_is_taken_within_each_timing_pass():
     """One library's latency can move by tens of percent between timing passes of one process:
     the ratio at the budget is the median of the ratios within each pass (here 2.0), not the

@@ -100,7 +100,8 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
                 failed += 1
                 data["failed_runs"][f"{name}/{r['run_id']}"] = r["error"].splitlines()[-1][:300]
         timing_path = layout.timing(name)
-        timing = passes_of(json.loads(timing_path.read_text())) if timing_path.is_file() else []
+        record = json.loads(timing_path.read_text()) if timing_path.is_file() else None
+        timing = passes_of(record) if record else []
         per_rounds = sorted({s.per_round or 0 for s in mine})
         entry: dict[str, Any] = {
             "planned_runs": len(mine),
@@ -113,6 +114,9 @@ def gather(layout: Layout, specs: list[RunSpec], models: list[str]) -> dict[str,
             )}  # fmt: skip
             entry["tasks"] = len(prepared["tasks"])
             entry["pretraining"] = prepared["pretraining"] | {"weights": prepared["weights"]}
+        if record:  # the cross-core state its passes share; older records predate the probe
+            entry["timing_state"] = record.get("state", "unprobed")
+            entry["timing_passes_run"] = len(record.get("pass_conditions") or timing)
         for per_round in per_rounds:
             subset = [r for r in ok if batch_of(r) == per_round]
             key = "default" if per_round == 0 else str(per_round)
@@ -363,7 +367,13 @@ def markdown(data: dict[str, Any]) -> str:
         "searchers is timing noise). The timing is repeated in passes (each loading the "
         "libraries afresh); ms are medians over them, and the ratio at the budget is taken "
         "within each pass (median evo library over median grad library), its median over "
-        "the passes given with their [range] (none: one pass, an older timing).",
+        "the passes given with their [range] (none: one pass, an older timing). Every round "
+        "of a pass is bracketed by a probe of how fast the two cores pass data "
+        "(`gradtune.crosscore`: an empty parallel launch of TVM's pool): on a VM whose host "
+        "moves its vCPUs apart at times, a pass counts only its rounds in one state, passes "
+        "go on until 5 ran with the cores near (at most 15), and a model's passes are of one "
+        "state, named per model in the JSON (`timing_state`; 'apart' when no pass saw them "
+        "near).",
         f"- **Conditions**: {data['conditions']}",
     ]
     found = {

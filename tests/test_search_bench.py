@@ -124,6 +124,9 @@ def test_timing_is_redone_when_a_library_under_a_timed_label_changes(tmp_path):
     assert not up_to_date(layout, "bert_block"), "one pass (an older record) is timed again"
     record["passes"] = [record["ms"]] * PASSES
     write_json(layout.timing("bert_block"), record)
+    assert not up_to_date(layout, "bert_block"), "no cross-core state: from before the probe"
+    record["state"] = "near"
+    write_json(layout.timing("bert_block"), record)
     assert up_to_date(layout, "bert_block")
     library.write_bytes(b"another run's library")
     os.utime(library, ns=(1, 1))

@@ -16,7 +16,8 @@ So passes go on until ``PASSES`` of them ran with the cores near (at most
 
 The result is saved with the libraries it covers, each by label, size and modification time;
 it is redone when any of them changes (a run redone or moved in from another layout under the
-same label is timed again), and when it has fewer passes than ``PASSES`` (an older record).
+same label is timed again), and when it is older than the probe or has fewer passes than
+``PASSES``.
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def up_to_date(layout: Layout, model: str) -> bool:
         return not libraries(layout, model)
     # A record without identities predates them: its labels alone cannot vouch for the files.
     record = json.loads(path.read_text())
-    return record.get("libraries") == identities(libraries(layout, model)) and (
+    # A record without a cross-core state predates the probe: its passes may mix both states.
+    if "state" not in record or record.get("libraries") != identities(libraries(layout, model)):
+        return False
+    return (
         len(passes_of(record)) >= PASSES
         or len(record.get("pass_conditions", [])) >= MAX_PASSES_FACTOR * PASSES
     )

@@ -35,9 +35,31 @@ def test_a_model_tuned_with_defaults_that_moved_since_is_not_finished(tmp_path, 
     from searchbench.models import MODELS
 
     bench = MODELS["mbconv_se"]
-    record = {"budget_s": 480.0, "trials_budget": 5000, "source_sha1": bench.source_sha1()}
+    record = {"budget_s": 480.0, "trials_budget": 5000, "source_sha1": bench.source_sha1(),
+              "timing": {"state": "near"}}  # fmt: skip
     path = vs_runtimes.result_path(tmp_path, bench.name)
     for config, finished in [(today_defaults(), True), (None, True),
                              ({**today_defaults(), "structural_variants": 0}, False)]:  # fmt: skip
         write_json(path, {**record, "gradient_config": config})
         assert vs_runtimes.finished(tmp_path, bench, 480.0, 5000) is finished, config
+
+
+def test_a_model_timed_with_the_cores_apart_is_timed_again(tmp_path, bench_on_path):
+    """A result timed while the cores sat apart (gradtune.crosscore) in fewer attempts than
+    TIMING_ATTEMPTS, or before the probe, is not finished: the next run times it again."""
+    import vs_runtimes
+    from searchbench.layout import today_defaults, write_json
+    from searchbench.models import MODELS
+
+    bench = MODELS["bert_block"]
+    record = {"budget_s": 480.0, "trials_budget": 5000, "source_sha1": bench.source_sha1(),
+              "gradient_config": today_defaults()}  # fmt: skip
+    path = vs_runtimes.result_path(tmp_path, bench.name)
+    for timing, finished in [
+        ({"timing": {"state": "near"}, "timing_attempts": 1}, True),
+        ({"timing": {"state": "apart"}, "timing_attempts": 1}, False),
+        ({"timing": {"state": "apart"}, "timing_attempts": vs_runtimes.TIMING_ATTEMPTS}, True),
+        ({}, False),  # before the probe
+    ]:
+        write_json(path, {**record, **timing})
+        assert vs_runtimes.finished(tmp_path, bench, 480.0, 5000) is finished, timing

@@ -15,7 +15,7 @@ Protocol:
 2. **Time** every library in fresh processes, alternating, ``--timings`` times each: tuned on
    one thread and run on one (old), tuned on one and run on all cores (the deploy-side fix
    alone), tuned and run on all cores (new). Each process times the library interleaved with
-   ONNX Runtime on all cores (``time_interleaved``), so each row's ratio to ONNX Runtime is
+   ONNX Runtime on all cores (``time_rounds``), so each row's ratio to ONNX Runtime is
    measured side by side; medians over repeats and timings.
 
 Resumable: a finished tune (its ``summary.json``) is kept; a half one starts again.
@@ -114,11 +114,11 @@ def time_library(run: Path, model: Path, peer_threads: int) -> dict[str, float]:
     with peers.torch_threads(peer_threads):
         found = peers.build_peers(imported, peer_threads)
         ort = found.runnable()[peers.ORT]
-        ms = compilation.time_interleaved(
+        ms = compilation.time_rounds(
             {"tuned": tuned.run, "ort": ort},
             repeats=7,
             pools={"tuned": "tvm", "ort": peers.POOLS[peers.ORT]},
-        )
+        ).medians()
     return {"tuned_ms": ms["tuned"], "ort_ms": ms["ort"], "tvm_threads": runtime_threads()}
 
 

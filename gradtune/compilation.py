@@ -205,28 +205,6 @@ class Timing:
 _probe = crosscore.LinkProbe()  # one per process: its fastest reading is the process's NEAR
 
 
-def time_interleaved(
-    fns: dict[str, Callable[[], Any]],
-    repeats: int = 7,
-    min_seconds: float = 0.05,
-    pools: dict[str, str] | None = None,
-) -> dict[str, float]:
-    """Median per-call latency (ms) of each function over the rounds of ``time_rounds`` that
-    ran in one cross-core state (``Timing.kept``)."""
-    return time_rounds(fns, repeats, min_seconds, pools).medians()
-
-
-def time_interleaved_samples(
-    fns: dict[str, Callable[[], Any]],
-    repeats: int = 7,
-    min_seconds: float = 0.05,
-    pools: dict[str, str] | None = None,
-) -> dict[str, list[float]]:
-    """Per-call latency (ms) of each function in each round of ``time_rounds`` that ran in one
-    cross-core state (``Timing.kept``)."""
-    return time_rounds(fns, repeats, min_seconds, pools).kept()
-
-
 def time_rounds(
     fns: dict[str, Callable[[], Any]],
     repeats: int = 7,

@@ -1,7 +1,7 @@
 """What a user would deploy instead of the tuned model: ONNX Runtime, torch.compile, PyTorch eager.
 
 A tuned model is worth deploying only if it beats these on the same machine, so every run
-times them beside the tuned module, interleaved in one process (``compilation.time_interleaved``),
+times them beside the tuned module, interleaved in one process (``compilation.time_rounds``),
 all on one thread count: the target's ``num-cores``, set with ``torch.set_num_threads`` and
 ONNX Runtime's ``intra_op_num_threads`` (TVM's parallel loops are compiled for the same count).
 
@@ -37,7 +37,7 @@ ORT = "ONNX Runtime"
 TORCH_COMPILE = "torch.compile"
 EAGER = "PyTorch eager"
 PEER_NAMES = (ORT, TORCH_COMPILE, EAGER)
-# The thread pool each peer runs on (``compilation.time_interleaved``'s ``pools``): inductor's
+# The thread pool each peer runs on (``compilation.time_rounds``' ``pools``): inductor's
 # CPU code and PyTorch's operators share OpenMP's.
 POOLS = {ORT: "onnxruntime", TORCH_COMPILE: "openmp", EAGER: "openmp"}
 

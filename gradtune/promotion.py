@@ -8,7 +8,7 @@ and run on the same device: what is compared is what a deployment would pull.
 
 1. The challenger's outputs on the model's example inputs must match the model's reference
    outputs (``compilation.verify``), else it is rejected whatever its speed.
-2. Both are timed interleaved (``compilation.time_interleaved_samples``), and each round gives
+2. Both are timed interleaved (``compilation.time_rounds``), and each round gives
    one ratio, challenger over champion: the two ran back to back, so a slow spell of the
    machine slows both and cancels. The challenger is promoted when the median ratio exceeds 1
    by no more than the noise, taken as the larger of ``REL_TOLERANCE`` and half the
@@ -203,10 +203,10 @@ def judge(
         held = load_version(
             name, champion.version, tagged_manifest(champion.tags), Path(tmp) / "champion"
         )
-        samples = compilation.time_interleaved_samples(
+        samples = compilation.time_rounds(
             {"challenger": loaded.bind(model.inputs), "champion": held.bind(model.inputs)},
             repeats=REPEATS,
-        )
+        ).kept()
     return decide(samples["challenger"], samples["champion"])
 
 

@@ -52,12 +52,12 @@ def test_verify_rejects_wrong_outputs():
         compilation.verify([ref[0], ref[0]], ref, "tuned TVM")
 
 
-def test_time_interleaved_reports_each_contender():
+def test_time_rounds_reports_each_contender():
     import time
 
-    result = compilation.time_interleaved(
+    result = compilation.time_rounds(
         {"fast": lambda: None, "slow": lambda: time.sleep(0.002)}, repeats=3, min_seconds=0.01
-    )
+    ).medians()
     assert set(result) == {"fast", "slow"}
     assert result["slow"] >= 2.0 > result["fast"]
 
@@ -70,7 +70,7 @@ def test_a_block_after_another_runtimes_waits_for_its_threads_to_settle(monkeypa
     monkeypatch.setattr(compilation, "SETTLE_SECONDS", 0.05)
     calls = []
     fns = {name: (lambda name=name: calls.append((name, time.perf_counter()))) for name in "abc"}
-    compilation.time_interleaved(fns, repeats=3, min_seconds=0.001,
+    compilation.time_rounds(fns, repeats=3, min_seconds=0.001,
                                  pools={"a": "tvm", "b": "tvm", "c": "ort"})  # fmt: skip
     gaps = {}
     for (was, earlier), (now, later) in zip(calls, calls[1:], strict=False):

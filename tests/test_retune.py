@@ -114,13 +114,9 @@ def test_decide_on_real_interleaved_timings():
         return lambda: [a @ a for _ in range(times)]
 
     rounds = promotion.REPEATS
-    same = compilation.time_interleaved_samples(
-        {"challenger": work(2), "champion": work(2)}, rounds
-    )
+    same = compilation.time_rounds({"challenger": work(2), "champion": work(2)}, rounds).kept()
     assert promotion.decide(same["challenger"], same["champion"]).promoted
-    slow = compilation.time_interleaved_samples(
-        {"challenger": work(8), "champion": work(2)}, rounds
-    )
+    slow = compilation.time_rounds({"challenger": work(8), "champion": work(2)}, rounds).kept()
     assert promotion.decide(slow["challenger"], slow["champion"]).outcome == "kept_champion"
 
 

@@ -1,7 +1,7 @@
 """End-to-end latency of every library a model's runs exported, timed in one process.
 
 All of a model's libraries (both searchers, every repeat, ¼ / ½ / all of the budget) are
-loaded together and timed interleaved (``time_interleaved``: alternating calls, median of the
+loaded together and timed interleaved (``time_rounds``: alternating calls, median of the
 repeats), so the shared machine's drift hits every contender alike. That is one pass; a
 record holds ``PASSES`` of them, each loading the libraries afresh. On a 2-core VM one
 library's latency moved by up to 30% between passes of one process while the ratios within a

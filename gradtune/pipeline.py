@@ -333,7 +333,7 @@ def run_summary(
         # tuned ms / peer ms (below 1: the tuned model is faster).
         "peer_threads": compiled.peer_threads,
         "tvm_threads": compiled.tvm_threads,
-        # Rounds timed while the cores passed data at their usual speed, of all (crosscore).
+        # The cross-core state the medians' rounds ran in, and how many of all (crosscore).
         "timing": compiled.timing,
         "peers": {
             name: {

@@ -54,18 +54,26 @@ def fmt(value: float | None, spec: str = ".1f", scale: float = 1.0) -> str:
 
 
 def steady_line(timing: dict[str, Any]) -> list[str]:
-    """Which timed rounds stand, when the cross-core probe set some apart (``crosscore``)."""
-    if not timing.get("link_ns") or timing["kept_rounds"] == timing["rounds"]:
+    """Which timed rounds the medians are of, unless all ran with the cores near
+    (``crosscore``)."""
+    if not timing.get("link_ns") or (
+        timing["state"] == "near" and timing["kept_rounds"] == timing["rounds"]
+    ):
         return []
     low, high = timing["link_ns"]
-    where = {"near": "at their fastest", "apart": "slower (all it saw)"}.get(timing["state"])
+    probe = f"an empty parallel launch of TVM's pool took {low} to {high} ns"
+    kept = f"The medians are of the {timing['kept_rounds']} of {timing['rounds']} rounds"
     return [
-        f"The medians are of the {timing['kept_rounds']} of {timing['rounds']} rounds in which"
-        f" the cores passed data {where}: an empty parallel launch of TVM's pool took {low} to"
-        f" {high} ns, as when a virtual machine's host moves its vCPUs apart."
-        if where
-        else f"The cores passed data at changing speeds throughout (an empty parallel launch of"
-        f" TVM's pool took {low} to {high} ns): the medians mix both."
+        {
+            "near": f"{kept} in which the cores passed data at their fastest ({probe}; slower, as"
+            " when a virtual machine's host moves its vCPUs apart, in the others).",
+            "apart": f"{kept} in which the cores passed data slower than at their fastest"
+            f" ({probe}), as when a virtual machine's host moves its vCPUs apart: every"
+            " contender runs slower then, each by its own factor.",
+        }.get(
+            timing["state"],
+            f"The cores passed data at changing speeds throughout ({probe}): the medians mix both.",
+        )
     ]
 
 

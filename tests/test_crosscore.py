@@ -56,3 +56,16 @@ def test_the_probe_times_tvms_own_pool():
 def test_a_timing_probes_before_and_after_every_round():
     timing = compilation.time_rounds({"f": lambda: None}, repeats=3, min_seconds=0.001)
     assert len(timing.samples["f"]) == 3 and len(timing.link_ns) == 4
+
+
+def test_the_report_says_which_rounds_its_medians_are_of():
+    from gradtune.report import steady_line
+
+    assert steady_line({}) == []  # a summary from before the probe
+    assert steady_line({"state": NEAR, "rounds": 7, "kept_rounds": 7, "link_ns": [750, 820]}) == []
+    [near] = steady_line({"state": NEAR, "rounds": 7, "kept_rounds": 5, "link_ns": [750, 1600]})
+    assert near.startswith("The medians are of the 5 of 7 rounds") and "at their fastest" in near
+    [apart] = steady_line({"state": APART, "rounds": 7, "kept_rounds": 7, "link_ns": [1500, 1650]})
+    assert "slower than at their fastest" in apart
+    [moved] = steady_line({"state": MOVED, "rounds": 7, "kept_rounds": 7, "link_ns": [750, 1600]})
+    assert "the medians mix both" in moved

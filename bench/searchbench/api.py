@@ -272,8 +272,8 @@ def time_libraries(
     extra: dict[str, Callable[[], Any]] | None = None,
 ) -> Any:  # fmt: skip
     """Each exported library (and each ``extra`` call: a peer) timed interleaved in this
-    process: a ``compilation.Timing`` (``medians()``: ms per inference over its steady
-    rounds)."""
+    process: a ``compilation.Timing`` (``medians()``: ms per inference over its rounds of one
+    cross-core state)."""
     import tvm
 
     from gradtune import compilation

@@ -10,9 +10,8 @@ pass held, so ratios are taken within each pass and their median reported
 rounds of one cross-core state count (``gradtune.crosscore``): the host moved the VM's two
 vCPUs apart for tens of seconds to minutes at a time, slowing every library on 2 threads,
 some more than others (squeeze_fire's by 1.5-1.9x each, bert_block's by 1.6x): a pass in that
-state ranks them otherwise.
-So passes go on until ``PASSES`` of them ran with the cores near (at most
-``MAX_PASSES_FACTOR`` times as many), and the record's ``passes`` are of one state only.
+state ranks them otherwise. So passes go on until ``PASSES`` of them ran with the cores near
+(at most ``MAX_PASSES_FACTOR`` times as many), and the record's ``passes`` are of one state.
 
 The result is saved with the libraries it covers, each by label, size and modification time;
 it is redone when any of them changes (a run redone or moved in from another layout under the
@@ -59,9 +58,9 @@ def up_to_date(layout: Layout, model: str) -> bool:
     path = layout.timing(model)
     if not path.is_file():
         return not libraries(layout, model)
-    # A record without identities predates them: its labels alone cannot vouch for the files.
     record = json.loads(path.read_text())
-    # A record without a cross-core state predates the probe: its passes may mix both states.
+    # A record without identities cannot vouch for the files (its labels alone say nothing);
+    # one without a cross-core state predates the probe (its passes may mix both states).
     if "state" not in record or record.get("libraries") != identities(libraries(layout, model)):
         return False
     return (

@@ -141,7 +141,8 @@ class GradientConfig(NamedTuple):
         (``bench/results/search_efficiency_emeraldrapids_explorer_population128.md``). At
         0.25 on a Zen 4, measured alone, the population fell to 64 within three evolutions:
         14-46% more trials in 480 s, final libraries 2-5% slower on the three held-out models
-        (one seed; ``search_efficiency_znver4_2threads_alone_explorer_time_share0.25.md``).
+        (one seed; ``search_efficiency_znver4_2threads_alone_explorer_time_share0.25.md``,
+        timed before ``crosscore``: read the sizes as ±10%).
     explorer_in_warmup : bool, default True
         Whether the explorer fills its share of a task's first batch of the run
         (``random_warmup``, when on, takes that share first). Its population then has at most
@@ -205,8 +206,9 @@ class GradientConfig(NamedTuple):
         one of mbconv_se's fast-sigmoid convolutions, against ~2 s for the descent. Yet at 2,
         on a Zen 4 with batches measured alone, up to 9% more trials in 480 s gave final
         libraries 0.83 / 0.85 / 1.03 of the default's side by side (squeeze_fire / bert_block /
-        mbconv_se, one seed; ``search_efficiency_znver4_2threads_alone_explorer_every2.md``):
-        the evolved programs are worth their time.
+        mbconv_se, one seed; ``search_efficiency_znver4_2threads_alone_explorer_every2.md``,
+        timed before ``crosscore``: read the sizes as ±10%): the evolved programs are worth
+        their time.
     acquisition : {"score", "ei"}, default "score"
         What the descent climbs and the picks are ranked by. ``score`` is Felix's: the MLP's
         score. ``ei`` is AdaTune's: the expected improvement of the ensemble's standardized

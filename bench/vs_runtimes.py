@@ -61,7 +61,6 @@ from searchbench.layout import (
 )
 from searchbench.models import MODELS, ROOT, BenchModel
 from searchbench.report import conditions, git_commit, machine
-from searchbench.timing import fastest_link
 
 TRIALS = 5000  # as search_efficiency: the budget ends the run; the trials only size batches
 MIN_REPEATS = 7
@@ -190,9 +189,9 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
                 {"tuned": tuned.run, **found.runnable()}, repeats,
                 pools={"tuned": "tvm", **peers.POOLS},
             ))  # fmt: skip
-            if attempts[-1].state(fastest_link(attempts)) == crosscore.NEAR:
+            if attempts[-1].state(crosscore.fastest(t.link_ns for t in attempts)) == crosscore.NEAR:
                 break
-    reference = fastest_link(attempts)
+    reference = crosscore.fastest(t.link_ns for t in attempts)
     timing = next((t for t in attempts if t.state(reference) == crosscore.NEAR), attempts[-1])
     ms = timing.medians(reference)
     errors = found.errors()

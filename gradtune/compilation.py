@@ -167,16 +167,20 @@ class Timing:
         """The state the kept rounds share: ``NEAR`` if at least ``MIN_STATE_ROUNDS`` rounds
         ran in it (cores as close as ``reference``, default the fastest probe here), else
         ``APART`` if as many ran in that, else ``MOVED`` (then every round is kept)."""
+        return self._states(reference)[0]
+
+    def _states(self, reference: float | None) -> tuple[str, list[str]]:
+        """The state kept, and each round's."""
         states = crosscore.round_states(self.link_ns, reference or self.reference)
-        for state in (crosscore.NEAR, crosscore.APART):
-            if states.count(state) >= MIN_STATE_ROUNDS:
-                return state
-        return crosscore.MOVED
+        kept = next(
+            (s for s in (crosscore.NEAR, crosscore.APART) if states.count(s) >= MIN_STATE_ROUNDS),
+            crosscore.MOVED,
+        )
+        return kept, states
 
     def kept(self, reference: float | None = None) -> dict[str, list[float]]:
         """The samples of the rounds in ``state(reference)``."""
-        state = self.state(reference)
-        states = crosscore.round_states(self.link_ns, reference or self.reference)
+        state, states = self._states(reference)
         keep = [state in (s, crosscore.MOVED) for s in states]
         return {name: [v for v, k in zip(vs, keep, strict=True) if k]
                 for name, vs in self.samples.items()}  # fmt: skip
@@ -189,11 +193,11 @@ class Timing:
         """What a result records of the timing: the state kept, its rounds of all, the probe's
         range (ns per empty parallel launch)."""
         readings = [x for x in self.link_ns if x is not None]
-        kept = self.kept(reference)
+        state, states = self._states(reference)
         return {
-            "state": self.state(reference),
-            "rounds": len(self.link_ns) - 1,
-            "kept_rounds": len(next(iter(kept.values()), [])),
+            "state": state,
+            "rounds": len(states),
+            "kept_rounds": sum(state in (s, crosscore.MOVED) for s in states),
             "link_ns": [round(min(readings)), round(max(readings))] if readings else None,
         }
 

@@ -53,6 +53,28 @@ def test_the_probe_times_tvms_own_pool():
         assert probe.fastest == reading
 
 
+class Scripted(crosscore.LinkProbe):
+    """The probe's judgement over given readings (the real reading is tested above)."""
+
+    def __init__(self, readings: list[float]) -> None:
+        super().__init__()
+        self._threads, self._evaluator, self.readings = 2, object(), list(readings)
+
+    def _read(self) -> float:
+        return self.readings.pop(0)
+
+
+def test_a_high_reading_is_taken_again_and_a_lasting_one_stands():
+    probe = Scripted([900.0, 800.0, 850.0])  # the first probe: every reading, the fastest counts
+    assert probe() == 800.0 and not probe.readings
+    probe.readings = [4000.0, 820.0, 9.0]  # another pool held the first back: the next reads
+    assert probe() == 820.0 and probe.readings == [9.0]
+    probe.readings = [1650.0, 1600.0, 1620.0, 9.0]  # apart: every reading says so, READINGS at most
+    assert probe() == 1600.0 and probe.readings == [9.0]
+    probe.readings = [1100.0, 9.0]  # within TOLERANCE: one reading
+    assert probe() == 1100.0 and probe.fastest == 800.0
+
+
 def test_a_timing_probes_before_and_after_every_round():
     timing = compilation.time_rounds({"f": lambda: None}, repeats=3, min_seconds=0.001)
     assert len(timing.samples["f"]) == 3 and len(timing.link_ns) == 4

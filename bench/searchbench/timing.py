@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gradtune.crosscore import APART, MOVED, NEAR
+from gradtune.crosscore import APART, MOVED, NEAR, fastest
 from searchbench import api
 from searchbench.analysis import paired_ratio
 from searchbench.layout import Layout, write_json
@@ -74,17 +74,10 @@ def passes_of(record: dict[str, Any]) -> list[dict[str, float]]:
     return record.get("passes") or [record["ms"]]
 
 
-def fastest_link(timings: list[Any]) -> float | None:
-    """The fastest cross-core probe of any pass: what NEAR means for all of them (a pass spent
-    wholly apart has no NEAR round of its own to compare with)."""
-    readings = [x for t in timings for x in t.link_ns if x is not None]
-    return min(readings) if readings else None
-
-
 def by_state(timings: list[Any]) -> dict[str, list[dict[str, float]]]:
     """Each pass's medians (label → ms), grouped by the cross-core state its kept rounds ran
     in, NEAR being the fastest probe of all passes."""
-    reference = fastest_link(timings)
+    reference = fastest(t.link_ns for t in timings)
     grouped: dict[str, list[dict[str, float]]] = {}
     for timing in timings:
         ms = {label: round(v, 5) for label, v in timing.medians(reference).items()}
@@ -115,7 +108,7 @@ def timed(model: str, found: dict[str, Path], work: Path, passes: int = PASSES) 
         "state": state,  # the cross-core state of ``passes`` (gradtune.crosscore)
         "passes": each,
         "passes_by_state": grouped,
-        "pass_conditions": [t.conditions(fastest_link(timings)) for t in timings],
+        "pass_conditions": [t.conditions(fastest(t.link_ns for t in timings)) for t in timings],
         "rounds": [t.record() for t in timings],
         "libraries": identities(found),
         "seconds": round(time.perf_counter() - start, 1),

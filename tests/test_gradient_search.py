@@ -378,6 +378,39 @@ def test_explorer_fills_every_kth_batch_when_told(llvm_target, small_cnn_conv):
     assert evolved[0] >= 1 and evolved[1] == 0 and evolved[2] >= 1
 
 
+def test_one_evolution_fills_several_batches_when_told(llvm_target, small_cnn_conv):
+    """``batches_per_evolution=2``: the first evolution picks two batches' worth; the second
+    batch takes the rest of them without evolving (none handed over twice), the third evolves
+    again."""
+    import tvm_ffi
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    with pytest.raises(ValueError, match="batches_per_evolution"):
+        search_on(small_cnn_conv, llvm_target, GradientConfig(batches_per_evolution=0))
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, random_warmup=False,
+                            batches_per_evolution=2)  # fmt: skip
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
+                      ms.cost_model.XGBModel())  # fmt: skip
+    rounds, explored = [], []
+    for _ in range(3):
+        candidates = search.generate_measure_candidates()
+        explored.append(
+            {tvm_ffi.structural_hash(c.sch.mod) for c in candidates[-search._explored :]}
+        )
+        results = [
+            ms.runner.RunnerResult(run_secs=[1e-3 + 1e-4 * i], error_msg=None)
+            for i in range(len(candidates))
+        ]
+        search.notify_runner_results(candidates, results)
+        rounds.append(session.take(small_cnn_conv.name))
+    assert [r.reused for r in rounds] == [False, True, False]
+    assert rounds[0].explorer_population == 64 and rounds[1].explorer_population == 0
+    assert rounds[1].evolved == 4 and not explored[0] & explored[1]
+
+
 def test_split_by_wins_gives_the_explorer_the_share_of_pairs_its_programs_won(
     llvm_target, small_cnn_conv
 ):

@@ -55,6 +55,9 @@ class SearchRound:
         (``GradientConfig.evolutionary_explore``), not by the descent.
     explorer_population : int, default 0
         The population of the evolution that chose them (0: no evolution in this batch).
+    reused : bool, default False
+        Whether they were the unmeasured rest of an earlier batch's evolution
+        (``GradientConfig.batches_per_evolution``): no evolution in this batch.
     sampled : bool, default False
         Whether the explorer's share of this batch was drawn at random from the design space
         (``GradientConfig.random_warmup``, a task's first batch of the run) instead of evolved.
@@ -90,6 +93,7 @@ class SearchRound:
     dropped_seeds: int
     evolved: int = 0
     explorer_population: int = 0
+    reused: bool = False
     sampled: bool = False
     ranked: bool = False
     explore_share: float = math.nan

@@ -219,7 +219,12 @@ class GradientConfig(NamedTuple):
         the search benchmark's held-out models (Zen 4, 480 s, the 9 default runs): 62-65% of
         the post-warm-up seconds on squeeze_fire and mbconv_se, 44% on bert_block, against
         ~2 s a round for the descent. ``explorer_every`` saved the time by halving the
-        explorer's programs, and the programs were worth their time; this keeps them.
+        explorer's programs, and the programs were worth their time; this keeps them. At 2
+        (Zen 4, 3 repeats, measured alone): 16% more trials on squeeze_fire, 5% on mbconv_se
+        (few of its post-warm-up batches return to a task), and end to end at 480 s level
+        with 1 against the same evolutionary runs (evo/grad 0.99 and 1.15, against 1.00 and
+        1.16; ``search_efficiency_znver4_2threads_alone_batches_per_evolution2.md``), so 1
+        stays the default.
     acquisition : {"score", "ei"}, default "score"
         What the descent climbs and the picks are ranked by. ``score`` is Felix's: the MLP's
         score. ``ei`` is AdaTune's: the expected improvement of the ensemble's standardized

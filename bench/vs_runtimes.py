@@ -189,9 +189,9 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
                 {"tuned": tuned.run, **found.runnable()}, repeats,
                 pools={"tuned": "tvm", **peers.POOLS},
             ))  # fmt: skip
-            if attempts[-1].state(crosscore.fastest(t.link_ns for t in attempts)) == crosscore.NEAR:
+            reference = crosscore.fastest(t.link_ns for t in attempts)
+            if attempts[-1].state(reference) == crosscore.NEAR:
                 break
-    reference = crosscore.fastest(t.link_ns for t in attempts)
     timing = next((t for t in attempts if t.state(reference) == crosscore.NEAR), attempts[-1])
     ms = timing.medians(reference)
     errors = found.errors()

@@ -33,8 +33,8 @@ from typing import Any
 TOLERANCE = 1.5
 LAUNCHES = 2000  # per probe: ~2 ms at ~1 µs each, long against the timer, short against a state
 # The first probe after another runtime's pool ran (ONNX Runtime's, OpenMP's) read 3-20 µs in
-# either state, however long it waited (0-2 s), and the next one, 2 ms later, read the state
-# again (Zen 4, 2 vCPUs): the other pool's workers, not the cores, held it back. So a reading
+# either state, however long it waited (0-2 s), and the second or third, 2 ms apart, read the
+# state again (Zen 4, 2 vCPUs): the other pool's workers, not the cores, held it back. So a reading
 # beyond TOLERANCE of the fastest is taken again, up to this many times in all, and the fastest
 # counts: an APART state lasts tens of seconds and reads APART every time.
 READINGS = 3

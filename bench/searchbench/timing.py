@@ -101,6 +101,7 @@ def timed(model: str, found: dict[str, Path], work: Path, passes: int = PASSES) 
         timings.append(api.time_libraries(found, imported.inputs, target))
     grouped = by_state(timings)
     state = next(s for s in (NEAR, APART, MOVED) if grouped.get(s))
+    reference = fastest(t.link_ns for t in timings)
     each = grouped[state]
     record = {
         "model": model,
@@ -108,7 +109,7 @@ def timed(model: str, found: dict[str, Path], work: Path, passes: int = PASSES) 
         "state": state,  # the cross-core state of ``passes`` (gradtune.crosscore)
         "passes": each,
         "passes_by_state": grouped,
-        "pass_conditions": [t.conditions(fastest(t.link_ns for t in timings)) for t in timings],
+        "pass_conditions": [t.conditions(reference) for t in timings],
         "rounds": [t.record() for t in timings],
         "libraries": identities(found),
         "seconds": round(time.perf_counter() - start, 1),

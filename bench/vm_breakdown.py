@@ -17,7 +17,12 @@ round by round:
 
 ``e2e - kernels`` is what running them as one program adds: the VM's interpretation and
 builtins, the thread pool's launch and join around each parallel kernel, and caches that a
-kernel timed alone in a loop finds warm. With ``--perf`` (Linux ``perf`` with the software
+kernel timed alone in a loop finds warm. That last part depends on where the VM's host has put
+its vCPUs: an inference hands its data from core to core, a kernel timed alone does not, so
+with the cores apart the difference grows. So the cross-core probe (``gradtune.crosscore``)
+reads the thread pool before the first round and after each, and only the rounds with the
+cores as near as the fastest probe of any pass count (every round of a pass that had none);
+the table says in how many passes they did. With ``--perf`` (Linux ``perf`` with the software
 ``cpu-clock`` event; no hardware counters needed), each pass also samples the e2e loop and
 splits its samples by where they ran: the library's kernels (``model.so``), TVM's runtime and
 FFI (VM, allocators, thread pool), the OS kernel (scheduling, a worker's yields, page
@@ -26,7 +31,7 @@ faults), libc and the rest.
     .venv/bin/python bench/vm_breakdown.py RUN_DIR [RUN_DIR ...] [--threads 1 2] [--perf]
 
 The last line printed is one JSON object: ``{"libraries": {name: {threads: {"e2e_us",
-"kernels_us", "overhead_us", "overhead_share", "kernel_calls", "builtin_calls",
+"kernels_us", "overhead_us", "overhead_share", "kernel_calls", "builtin_calls", "states",
 "perf_shares"}}}, "commit": c}``.
 """
 
@@ -46,6 +51,9 @@ from typing import Any
 
 from searchbench.report import git_commit
 from tuned_library import check_timing_args, input_tensors, timing_parser
+
+from gradtune import crosscore
+from gradtune.compilation import Timing
 
 MIN_SECONDS = 0.05  # per timed block: long enough that timer and scheduler noise are small
 PERF_SECONDS = 3.0
@@ -142,19 +150,57 @@ def time_library(run: Path, rounds: int, with_perf: bool) -> dict[str, Any]:
     timers = [kernel_timer(s, a) for s, a in kernel_calls]
     counts = [repeats_for(t) for t in timers]
     n_e2e = repeats_for(e2e_timer)
-    e2e, summed = [], []
+    probe = crosscore.LinkProbe()
+    e2e, summed, link_ns = [], [], [probe()]
     for _ in range(rounds):
         e2e.append(e2e_timer(n_e2e) * 1e6)
         summed.append(sum(t(n) for t, n in zip(timers, counts, strict=True)) * 1e6)
+        link_ns.append(probe())
     record: dict[str, Any] = {
         "e2e_us": e2e,
         "kernels_us": summed,
+        "link_ns": link_ns,
         "kernel_calls": len(kernel_calls),
         "builtin_calls": len(calls) - len(kernel_calls),
     }
     if with_perf:
         record["perf_shares"] = perf_shares(PERF_SECONDS, lambda: e2e_timer(n_e2e))
     return record
+
+
+def summarize(per: list[dict[str, Any]]) -> dict[str, Any]:
+    """One library's row at one thread count from its passes (``time_library``'s records):
+    medians over each pass's rounds with the cores near, then over the passes. NEAR is the
+    fastest probe of all the passes, so a pass spent wholly apart keeps its APART rounds
+    (``compilation.Timing``) and says so in ``states``."""
+    reference = crosscore.fastest(p["link_ns"] for p in per)
+    timings = [
+        Timing(
+            {
+                "e2e_us": p["e2e_us"],
+                "kernels_us": p["kernels_us"],
+                # Round by round: the two are timed back to back, in the same state.
+                "overhead_us": [a - b for a, b in zip(p["e2e_us"], p["kernels_us"], strict=True)],
+            },
+            p["link_ns"],
+            reference,
+        )
+        for p in per
+    ]
+    medians = [t.medians() for t in timings]
+    e2e, kernels, over = (
+        statistics.median(m[name] for m in medians)
+        for name in ("e2e_us", "kernels_us", "overhead_us")
+    )
+    return {
+        "e2e_us": round(e2e, 2),
+        "kernels_us": round(kernels, 2),
+        "overhead_us": round(over, 2),
+        "overhead_share": round(over / e2e, 4),
+        "kernel_calls": per[0]["kernel_calls"],
+        "builtin_calls": per[0]["builtin_calls"],
+        "states": [t.state() for t in timings],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -187,27 +233,15 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, dict[int, dict[str, Any]]] = {}
     print(
         "| library | threads | e2e µs | kernels µs | e2e − kernels µs | share | calls "
-        "kernels / builtins | perf: kernels / tvm runtime / os kernel / libc / other |"
+        "kernels / builtins | passes near | perf: kernels / tvm runtime / os kernel / libc / "
+        "other |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
     for run in args.runs:
         for count in args.threads:
             per = [p[run.name] for p in passes[count]]
-            e2e = statistics.median(statistics.median(p["e2e_us"]) for p in per)
-            kernels = statistics.median(statistics.median(p["kernels_us"]) for p in per)
-            # The difference round by round (both timed back to back), its median over passes.
-            over = statistics.median(
-                statistics.median(a - b for a, b in zip(p["e2e_us"], p["kernels_us"], strict=True))
-                for p in per
-            )
-            row: dict[str, Any] = {
-                "e2e_us": round(e2e, 2),
-                "kernels_us": round(kernels, 2),
-                "overhead_us": round(over, 2),
-                "overhead_share": round(over / e2e, 4),
-                "kernel_calls": per[0]["kernel_calls"],
-                "builtin_calls": per[0]["builtin_calls"],
-            }
+            row = summarize(per)
+            e2e, kernels, over = row["e2e_us"], row["kernels_us"], row["overhead_us"]
             shares = ""
             if args.perf:
                 groups = ("kernels", "tvm runtime", "os kernel", "libc", "other")
@@ -217,9 +251,10 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 shares = " / ".join(f"{row['perf_shares'][g]:.0%}" for g in groups)
             summary.setdefault(run.name, {})[count] = row
+            near = row["states"].count(crosscore.NEAR)
             print(f"| {run.name} | {count} | {e2e:.1f} | {kernels:.1f} | {over:.1f} | "
                   f"{over / e2e:.0%} | {row['kernel_calls']} / {row['builtin_calls']} | "
-                  f"{shares} |")  # fmt: skip
+                  f"{near} of {len(row['states'])} | {shares} |")  # fmt: skip
     print(json.dumps({"libraries": summary, "commit": git_commit()}))
     return 0
 

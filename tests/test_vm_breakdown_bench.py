@@ -29,7 +29,30 @@ def test_every_kernel_the_inference_calls_is_timed_alone_on_the_inference_own_te
     # The tiny MLP's matmuls and epilogues are kernels; allocation and checks are builtins.
     assert record["kernel_calls"] >= 2 and record["builtin_calls"] >= 1
     assert len(record["e2e_us"]) == len(record["kernels_us"]) == 3
+    assert len(record["link_ns"]) == 4  # a probe before the first round and after each
     assert all(k > 0 for k in record["kernels_us"]) and all(e > 0 for e in record["e2e_us"])
+
+
+def test_only_rounds_with_the_cores_near_count_and_the_row_says_where_each_pass_ran():
+    def timed(e2e, kernels, link_ns):
+        return {"e2e_us": e2e, "kernels_us": kernels, "link_ns": link_ns,
+                "kernel_calls": 5, "builtin_calls": 9}  # fmt: skip
+
+    per = [
+        # Three rounds near, then the host moved the vCPUs apart: the inference slows more
+        # than its kernels alone, and those rounds must not count.
+        timed(
+            [100, 100, 100, 130, 160, 160],
+            [90, 90, 90, 95, 100, 100],
+            [800, 800, 800, 800, 1700, 1700, 1700],
+        ),
+        timed([160] * 6, [100] * 6, [1700] * 7),  # apart throughout: kept, and said
+        timed([102] * 6, [91] * 6, [790] * 7),
+    ]
+    row = vm_breakdown.summarize(per)
+    assert row["states"] == ["near", "apart", "near"]
+    assert (row["e2e_us"], row["kernels_us"], row["overhead_us"]) == (102, 91, 11)
+    assert row["overhead_share"] == round(11 / 102, 4)
 
 
 @pytest.mark.parametrize(

@@ -209,6 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--models", nargs="+", help="zoo models to hold out (default: all)")
     parser.add_argument("--seeds", type=int, default=1, help="training seeds per fold")
+    parser.add_argument(
+        "--loss",
+        default=None,
+        help="pretraining loss (default: params.yaml's; rank, mse, rank_top)",
+    )
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "pretrain_source")
     parser.add_argument(
         "--out",
@@ -230,7 +235,18 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     import yaml
 
+    from gradtune.costmodel.train import LOSSES
+
     params = yaml.safe_load((ROOT / "params.yaml").read_text())["pretrain"]
+    if args.loss is not None:
+        if args.loss not in LOSSES:
+            print(
+                f"pretrain_source: error: --loss must be one of {', '.join(LOSSES)}, "
+                f"not {args.loss!r}",
+                file=sys.stderr,
+            )
+            return 2
+        params["loss"] = args.loss
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     data = {name: workloads_of(features_of(name, folder, work)) for name, folder in sources.items()}
@@ -282,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
             seeds = list(by_seed.values())
             row = {
                 m: float(np.mean([s[m] for s in seeds]))
-                for m in ("spearman", "pairwise", "top1", "top5")
+                for m in ("spearman", "spearman_best_quarter", "pairwise", "top1", "top5")
             }
             row["regret"] = float(np.exp(np.mean([math.log(s["regret"]) for s in seeds])))
             row["model"], row["family"] = seeds[0]["model"], seeds[0]["family"]
@@ -318,6 +334,7 @@ def main(argv: list[str] | None = None) -> int:
         "shared_workloads": len(common),
         "records_per_workload_median": float(np.median(list(counts.values()))),
         "seeds": args.seeds,
+        "loss": params["loss"],
         "held_out_models": models,
         "results": results,
         "wins": wins,
@@ -326,7 +343,7 @@ def main(argv: list[str] | None = None) -> int:
         ROOT / "bench" / "results" if args.work == parser.get_default("work") else work / "results"
     )
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"pretrain_source_{args.test}"
+    stem = f"pretrain_source_{args.test}" + (f"_{args.loss}" if args.loss else "")
     (out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
     (out / f"{stem}.md").write_text(markdown(summary, models))
     print(markdown(summary, models))
@@ -349,7 +366,8 @@ def markdown(summary: dict[str, Any], models: list[str]) -> str:
         "",
         f"Commit {summary['commit']}. Sources: "
         + ", ".join(f"`{n}` = `{p}`" for n, p in summary["sources"].items())
-        + f". {summary['shared_workloads']} workloads in every source, cut to the same "
+        + f". Pretraining loss `{summary['loss']}`. {summary['shared_workloads']} workloads in "
+        "every source, cut to the same "
         f"records per workload (median {summary['records_per_workload_median']:g}); each zoo "
         f"model held out in turn, {summary['seeds']} training seed(s) per fold.",
         "",
@@ -365,41 +383,23 @@ def markdown(summary: dict[str, Any], models: list[str]) -> str:
             f"{r['pairwise']:.3f} | {r['top1_regret_geomean']:.3f} | {r['top5']:.3f} | "
             f"{summary['wins'][n]} |"
         )
-    lines += [
-        "",
-        "Spearman median per held-out model:",
-        "",
-        "| model | workloads | " + " | ".join(names) + " |",
-        "|---|---:|" + "---:|" * len(names),
-    ]
-    for m in models:
-        first = summary["results"][names[0]]["models"][m]
-        lines.append(
-            f"| {m} | {first['workloads']} | "
-            + " | ".join(
-                f"{summary['results'][n]['models'][m].get('spearman_median', float('nan')):.3f}"
-                for n in names
-            )
-            + " |"
-        )
     families = sorted(summary["results"][names[0]]["families"])
-    lines += [
-        "",
-        "Spearman median per operator family:",
-        "",
-        "| family | workloads | " + " | ".join(names) + " |",
-        "|---|---:|" + "---:|" * len(names),
-    ]
-    for f in families:
-        first = summary["results"][names[0]]["families"][f]
-        lines.append(
-            f"| {f} | {first['workloads']} | "
-            + " | ".join(
-                f"{summary['results'][n]['families'][f]['spearman_median']:.3f}" for n in names
-            )
-            + " |"
-        )
+    lines += breakdown(summary, "models", "held-out model", models)
+    lines += breakdown(summary, "families", "operator family", families)
     return "\n".join(lines) + "\n"
+
+
+def breakdown(summary: dict[str, Any], part: str, title: str, keys: list[str]) -> list[str]:
+    """A markdown table of each source's Spearman median per ``part`` (models or families)."""
+    names = list(summary["results"])
+    lines = ["", f"Spearman median per {title}:", "",
+             f"| {title} | workloads | " + " | ".join(names) + " |",
+             "|---|---:|" + "---:|" * len(names)]  # fmt: skip
+    for key in keys:
+        count = summary["results"][names[0]][part][key].get("workloads", 0)
+        medians = [summary["results"][n][part][key].get("spearman_median", math.nan) for n in names]
+        lines.append(f"| {key} | {count} | " + " | ".join(f"{v:.3f}" for v in medians) + " |")
+    return lines
 
 
 if __name__ == "__main__":

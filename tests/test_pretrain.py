@@ -276,3 +276,22 @@ def test_dvc_stage_takes_machines_from_params_or_flag(tmp_path, capsys):
     assert main(["--params", str(path), "--machines", "all"]) == 0
     out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(out["machines"]) == 2 and out["workloads"] == 4
+
+
+def test_rank_top_loss_weighs_a_misorder_near_the_best_above_one_far_from_it():
+    from gradtune.costmodel.train import LOSSES, _group_loss
+
+    class Scores(torch.nn.Module):
+        """The scores are the inputs: the loss alone is under test."""
+
+        def forward(self, features, mask):
+            return features
+
+    labels = torch.tensor([1.0, 0.9, 0.2, 0.1])  # throughput over the best's
+    near = torch.tensor([3.0, 4.0, 1.0, 0.0])  # the two fastest swapped
+    far = torch.tensor([4.0, 3.0, 0.0, 1.0])  # the two slowest swapped
+    assert "rank_top" in LOSSES
+    plain = [float(_group_loss(Scores(), s, None, labels, "rank")) for s in (near, far)]
+    top = [float(_group_loss(Scores(), s, None, labels, "rank_top")) for s in (near, far)]
+    assert plain[0] == pytest.approx(plain[1]), "the plain loss counts every pair alike"
+    assert top[0] > 2 * top[1], "rank_top charges the misorder near the best more"

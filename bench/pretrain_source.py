@@ -21,9 +21,9 @@ ranked better. Each fold's weights are cached under ``--work`` (resumable; anoth
 ``--test`` reuses them); the last line is one JSON object.
 
     .venv/bin/gradtune dataset collect --zoo bench/zoo_bundled.yaml \\
-        --out bench/work/data-2threads --random 48 --evolutionary 16 --time-budget 3600
+        --out data-2threads --random 48 --evolutionary 16 --time-budget 3600
     .venv/bin/python bench/pretrain_source.py \\
-        --train one_thread=data two_threads=bench/work/data-2threads --test two_threads
+        --train one_thread=data two_threads=data-2threads --test two_threads --seeds 3
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ def parse_sources(items: list[str]) -> dict[str, Path]:
 
 
 def dataset_stamp(folder: Path) -> str:
-    """What decides a dataset's features: its record file's size and content hash."""
+    """What decides a dataset's features: its record file's content hash."""
     records = folder / "database_tuning_record.json.gz"
     if not records.is_file():
         records = folder / "database_tuning_record.json"
@@ -345,8 +345,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     stem = f"pretrain_source_{args.test}" + (f"_{args.loss}" if args.loss else "")
     (out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
-    (out / f"{stem}.md").write_text(markdown(summary, models))
-    print(markdown(summary, models))
+    table = markdown(summary, models)
+    (out / f"{stem}.md").write_text(table)
+    print(table)
     print(
         json.dumps(
             {k: summary[k] for k in ("commit", "test", "shared_workloads", "wins")}

@@ -118,14 +118,19 @@ def held_out(common: set[str], test_data: dict[str, dict[str, Any]], model: str)
     return {k for k in common if model in test_data[k]["models"]}
 
 
+def best_quarter(latencies: np.ndarray) -> np.ndarray:
+    """Indices of a workload's fastest quarter of records (at least 8). A search batch holds
+    programs near the best, not a random spread: the ranking that matters late in a run is
+    the one within these."""
+    return np.argsort(latencies, kind="stable")[: max(8, len(latencies) // 4)]
+
+
 def fold_metrics(scores: np.ndarray, latencies: np.ndarray) -> dict[str, float]:
     from gradtune.costmodel.train import group_metrics, spearman
 
     metrics = group_metrics(scores, latencies)
     metrics["regret"] = float(latencies[int(np.argmax(scores))] / latencies.min())
-    # A search batch holds programs near the best, not a random spread: the ranking that
-    # matters late in a run is the one within a workload's fastest quarter.
-    best = np.argsort(latencies, kind="stable")[: max(8, len(latencies) // 4)]
+    best = best_quarter(latencies)
     rho = spearman(scores[best], -latencies[best])
     metrics["spearman_best_quarter"] = 0.0 if math.isnan(rho) else rho
     return metrics

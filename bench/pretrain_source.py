@@ -219,6 +219,9 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="pretraining loss (default: params.yaml's; rank, mse, rank_top)",
     )
+    parser.add_argument(
+        "--epochs", type=int, default=None, help="pretraining epochs (default: params.yaml's)"
+    )
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "pretrain_source")
     parser.add_argument(
         "--out",
@@ -252,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         params["loss"] = args.loss
+    if args.epochs is not None:
+        if args.epochs < 1:
+            print("pretrain_source: error: --epochs must be at least 1", file=sys.stderr)
+            return 2
+        params["epochs"] = args.epochs
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     data = {name: workloads_of(features_of(name, folder, work)) for name, folder in sources.items()}
@@ -340,6 +348,7 @@ def main(argv: list[str] | None = None) -> int:
         "records_per_workload_median": float(np.median(list(counts.values()))),
         "seeds": args.seeds,
         "loss": params["loss"],
+        "epochs": int(params["epochs"]),
         "held_out_models": models,
         "results": results,
         "wins": wins,
@@ -348,7 +357,11 @@ def main(argv: list[str] | None = None) -> int:
         ROOT / "bench" / "results" if args.work == parser.get_default("work") else work / "results"
     )
     out.mkdir(parents=True, exist_ok=True)
-    stem = f"pretrain_source_{args.test}" + (f"_{args.loss}" if args.loss else "")
+    stem = (
+        f"pretrain_source_{args.test}"
+        + (f"_{args.loss}" if args.loss else "")
+        + (f"_epochs{args.epochs}" if args.epochs else "")
+    )
     (out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
     table = markdown(summary, models)
     (out / f"{stem}.md").write_text(table)
@@ -372,7 +385,8 @@ def markdown(summary: dict[str, Any], models: list[str]) -> str:
         "",
         f"Commit {summary['commit']}. Sources: "
         + ", ".join(f"`{n}` = `{p}`" for n, p in summary["sources"].items())
-        + f". Pretraining loss `{summary['loss']}`. {summary['shared_workloads']} workloads in "
+        + f". Pretraining loss `{summary['loss']}`, {summary['epochs']} epochs. "
+        f"{summary['shared_workloads']} workloads in "
         "every source, cut to the same "
         f"records per workload (median {summary['records_per_workload_median']:g}); each zoo "
         f"model held out in turn, {summary['seeds']} training seed(s) per fold.",

@@ -49,3 +49,14 @@ def test_bad_input_is_one_line_before_anything_starts(args, message):
     with pytest.raises(SystemExit) as exc:
         main(args)
     assert message in str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "extra, says", [(["--epochs", "0"], "--epochs"), (["--loss", "x"], "--loss")]
+)
+def test_a_bad_training_override_is_one_line_before_any_featurizing(capsys, extra, says):
+    from pretrain_source import main
+
+    assert main(["--train", "one=data", "two=data", "--test", "one", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0]

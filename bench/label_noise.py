@@ -29,7 +29,6 @@ import argparse
 import gzip
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,6 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
+
+from searchbench.report import git_commit  # noqa: E402  (bench/ is on the path from here)
 
 
 def record_file(folder: Path) -> Path:
@@ -163,11 +164,8 @@ def main(argv: list[str] | None = None) -> int:
     for folder in folders:
         record_file(folder)  # every bad input is refused before any work
     refs = [against(p) for p in args.against]
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
     summary = {
-        "commit": commit,
+        "commit": git_commit(),
         "min_records": args.min_records,
         "datasets": {
             d.name: summarize(f, args.min_records)
@@ -175,14 +173,19 @@ def main(argv: list[str] | None = None) -> int:
         },
         "against": refs,
     }
-    table = markdown(summary)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "label_noise.json").write_text(json.dumps(summary, indent=1) + "\n")
-        (args.out / "label_noise.md").write_text(table)
+    publish(args.out, "label_noise", summary, markdown(summary))
+    return 0
+
+
+def publish(out: Path | None, stem: str, summary: dict[str, Any], table: str) -> None:
+    """Print the table and, last, the summary as one JSON line; with ``out``, also write both
+    there as ``stem``.{md,json}."""
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        (out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (out / f"{stem}.md").write_text(table)
     print(table)
     print(json.dumps(summary))
-    return 0
 
 
 if __name__ == "__main__":

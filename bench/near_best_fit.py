@@ -25,9 +25,7 @@ quarter (``pretrain_source.best_quarter``); medians over workloads. The last lin
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -96,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=None, help="write near_best_fit.{md,json}")
     args = parser.parse_args(argv)
     import yaml
-    from label_noise import record_file
+    from label_noise import publish, record_file
     from label_noise import summarize as noise_of
+    from searchbench.report import git_commit
 
     record_file(args.data)  # one line, before any work, when it is no dataset
     params = yaml.safe_load((ROOT / "params.yaml").read_text())["pretrain"]
@@ -132,11 +131,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\r{i + 1}/{len(entries)} workloads", end="", file=sys.stderr, flush=True)
     print(file=sys.stderr)
     noise = noise_of(args.data, args.min_records)
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
     summary = {
-        "commit": commit,
+        "commit": git_commit(),
         "data": str(args.data),
         "workloads": len(entries),
         "weights": str(weights.relative_to(ROOT) if weights.is_relative_to(ROOT) else weights),
@@ -147,13 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         "weights_own_records": median_of(own),
         "one_workload_fresh": median_of(fresh),
     }
-    table = markdown(summary)
-    if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "near_best_fit.json").write_text(json.dumps(summary, indent=1) + "\n")
-        (args.out / "near_best_fit.md").write_text(table)
-    print(table)
-    print(json.dumps(summary))
+    publish(args.out, "near_best_fit", summary, markdown(summary))
     return 0
 
 

@@ -32,7 +32,6 @@ import argparse
 import hashlib
 import json
 import math
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -335,11 +334,10 @@ def main(argv: list[str] | None = None) -> int:
         leaders = [n for n in names if scores[n] == best]
         if len(leaders) == 1:
             wins[leaders[0]] += 1
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    from searchbench.report import git_commit
+
     summary = {
-        "commit": commit,
+        "commit": git_commit(),
         "test": args.test,
         "sources": {
             n: str(f.relative_to(ROOT) if f.is_relative_to(ROOT) else f) for n, f in sources.items()

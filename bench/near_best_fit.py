@@ -25,7 +25,6 @@ quarter (``pretrain_source.best_quarter``); medians over workloads. The last lin
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -39,15 +38,12 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 def ranking(scores: np.ndarray, latencies: np.ndarray) -> dict[str, float]:
     """Spearman of ``scores`` against speed, over all records and over the fastest quarter."""
-    from pretrain_source import best_quarter
+    from pretrain_source import best_quarter, speed_spearman
 
-    from gradtune.costmodel.train import spearman
-
-    def rho(idx: np.ndarray) -> float:
-        value = spearman(scores[idx], -latencies[idx])
-        return 0.0 if math.isnan(value) else value
-
-    return {"all": rho(np.arange(len(latencies))), "quarter": rho(best_quarter(latencies))}
+    return {
+        "all": speed_spearman(scores, latencies, np.arange(len(latencies))),
+        "quarter": speed_spearman(scores, latencies, best_quarter(latencies)),
+    }
 
 
 def halves(count: int, seed: int) -> tuple[np.ndarray, np.ndarray]:

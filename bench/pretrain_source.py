@@ -124,14 +124,21 @@ def best_quarter(latencies: np.ndarray) -> np.ndarray:
     return np.argsort(latencies, kind="stable")[: max(8, len(latencies) // 4)]
 
 
+def speed_spearman(scores: np.ndarray, latencies: np.ndarray, idx: np.ndarray) -> float:
+    """Spearman of ``scores`` against speed over the records ``idx``; 0 where it is undefined
+    (constant scores or latencies)."""
+    from gradtune.costmodel.train import spearman
+
+    rho = spearman(scores[idx], -latencies[idx])
+    return 0.0 if math.isnan(rho) else rho
+
+
 def fold_metrics(scores: np.ndarray, latencies: np.ndarray) -> dict[str, float]:
-    from gradtune.costmodel.train import group_metrics, spearman
+    from gradtune.costmodel.train import group_metrics
 
     metrics = group_metrics(scores, latencies)
     metrics["regret"] = float(latencies[int(np.argmax(scores))] / latencies.min())
-    best = best_quarter(latencies)
-    rho = spearman(scores[best], -latencies[best])
-    metrics["spearman_best_quarter"] = 0.0 if math.isnan(rho) else rho
+    metrics["spearman_best_quarter"] = speed_spearman(scores, latencies, best_quarter(latencies))
     return metrics
 
 

@@ -113,12 +113,11 @@ def cached_batches(db_dir: Path, target: Any, schedules: bool = False) -> list[A
 
 
 def _row(scores: np.ndarray, latencies: np.ndarray) -> dict[str, float]:
-    from gradtune.costmodel.train import spearman
+    from pretrain_source import speed_spearman
 
-    rho = spearman(scores, -latencies)
     top = int(np.argmax(scores))
     return {
-        "spearman": 0.0 if math.isnan(rho) else rho,
+        "spearman": speed_spearman(scores, latencies, np.arange(len(latencies))),
         "regret": float(latencies[top] / latencies.min()),
     }
 

@@ -20,10 +20,18 @@ geometric mean) and top-5 recall; then a paired count of test workloads on which
 ranked better. Each fold's weights are cached under ``--work`` (resumable; another
 ``--test`` reuses them); the last line is one JSON object.
 
+``--epochs`` with several lengths compares training lengths instead of (or beside) sources:
+one row per source and length (``source@E``), each fold trained once, to the longest length,
+and snapshotted at the shorter ones on its way (the very nets shorter runs end in). One
+source is then enough.
+
     .venv/bin/gradtune dataset collect --zoo bench/zoo_bundled.yaml \\
         --out data-2threads --random 48 --evolutionary 16 --time-budget 3600
     .venv/bin/python bench/pretrain_source.py \\
         --train one_thread=data two_threads=data-2threads --test two_threads --seeds 3
+    .venv/bin/python bench/pretrain_source.py \
+        --train one_thread=data two_threads=data-2threads --test two_threads --seeds 3 \
+        --epochs 40 160
 """
 
 from __future__ import annotations
@@ -55,8 +63,6 @@ def parse_sources(items: list[str]) -> dict[str, Path]:
         if not (folder / "manifest.json").is_file():
             raise SystemExit(f"pretrain_source: error: {folder} is no dataset (no manifest.json)")
         out[name] = folder
-    if len(out) < 2:
-        raise SystemExit("pretrain_source: error: --train needs at least two sources to compare")
     return out
 
 
@@ -149,17 +155,21 @@ def fold_weights(
     train: dict[str, dict[str, Any]],
     counts: dict[str, int],
     params: dict[str, Any],
-    path: Path,
-) -> Any:
-    """The network pretrained on ``train`` (each workload cut to ``counts``) with ``seed``,
-    cached at ``path``, so a fold is trained once whatever it is tested on."""
+    paths: dict[int, Path],
+) -> dict[int, Any]:
+    """Per training length E in ``paths``: the network pretrained for E epochs on ``train``
+    (each workload cut to ``counts``) with ``seed``, cached at ``paths[E]``, so a fold is
+    trained once whatever it is tested on. One run to the longest length snapshots the
+    shorter ones on its way: they are the very states a shorter run ends in."""
+    import copy
+
     from gradtune.costmodel import model as mlp
     from gradtune.costmodel.pretrain import train as pretrain
     from gradtune.costmodel.pretrain import write_weights
     from gradtune.costmodel.train import Group
 
-    if path.is_file():
-        return mlp.load(path)
+    if all(p.is_file() for p in paths.values()):
+        return {e: mlp.load(p) for e, p in paths.items()}
     groups = []
     for key, entry in sorted(train.items()):
         programs, latencies = cut(entry, counts[key], seed)
@@ -170,9 +180,15 @@ def fold_weights(
         file=sys.stderr,
         flush=True,
     )
-    net, _ = pretrain(groups, params["loss"], int(params["epochs"]), float(params["lr"]), seed)
-    write_weights(net, path)
-    return net
+    nets: dict[int, Any] = {}
+
+    def snapshot(epoch: int, net: Any) -> None:
+        if epoch in paths:
+            nets[epoch] = copy.deepcopy(net).eval()
+            write_weights(nets[epoch], paths[epoch])
+
+    pretrain(groups, params["loss"], max(paths), float(params["lr"]), seed, on_epoch=snapshot)
+    return nets
 
 
 def score(net: Any, test: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -226,7 +242,12 @@ def main(argv: list[str] | None = None) -> int:
         help="pretraining loss (default: params.yaml's; rank, mse, rank_top)",
     )
     parser.add_argument(
-        "--epochs", type=int, default=None, help="pretraining epochs (default: params.yaml's)"
+        "--epochs",
+        type=int,
+        nargs="+",
+        default=None,
+        help="pretraining epochs (default: params.yaml's); several compare training lengths, "
+        "each fold trained once to the longest",
     )
     parser.add_argument("--work", type=Path, default=ROOT / "bench" / "work" / "pretrain_source")
     parser.add_argument(
@@ -261,11 +282,23 @@ def main(argv: list[str] | None = None) -> int:
             )
             return 2
         params["loss"] = args.loss
-    if args.epochs is not None:
-        if args.epochs < 1:
-            print("pretrain_source: error: --epochs must be at least 1", file=sys.stderr)
-            return 2
-        params["epochs"] = args.epochs
+    if args.epochs is not None and min(args.epochs) < 1:
+        print("pretrain_source: error: --epochs must be at least 1", file=sys.stderr)
+        return 2
+    lengths = sorted(set(args.epochs or [int(params["epochs"])]))
+    if len(sources) * len(lengths) < 2:
+        print(
+            "pretrain_source: error: nothing to compare: give --train at least two sources, "
+            "or --epochs at least two lengths",
+            file=sys.stderr,
+        )
+        return 2
+    # A row of the comparison: a source at a training length.
+    rows = {
+        (f"{name}@{e}" if len(lengths) > 1 else name): (name, e)
+        for name in sources
+        for e in lengths
+    }
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     data = {name: workloads_of(features_of(name, folder, work)) for name, folder in sources.items()}
@@ -292,12 +325,12 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     identity = json.dumps(
-        {k: v for k, v in params.items() if k not in ("weights", "features")}
+        {k: v for k, v in params.items() if k not in ("weights", "features", "epochs")}
         | {n: dataset_stamp(f) for n, f in sources.items()},
         sort_keys=True,
     )
     tag = hashlib.sha1(identity.encode()).hexdigest()[:12]
-    per: dict[str, dict[str, dict[str, dict[str, float]]]] = {n: {} for n in sources}
+    per: dict[str, dict[str, dict[str, dict[str, float]]]] = {r: {} for r in rows}
     for model in models:
         # Every workload the held-out model uses leaves training, in every source.
         held = held_out(common, test_data, model)
@@ -305,10 +338,15 @@ def main(argv: list[str] | None = None) -> int:
         for seed in range(args.seeds):
             for name in sources:
                 train = {k: data[name][k] for k in common - held}
-                path = work / "folds" / tag / f"{name}-{model}-s{seed}.pt"
-                rows = score(fold_weights(name, model, seed, train, counts, params, path), test)
-                for key, row in rows.items():
-                    per[name].setdefault(key, {})[str(seed)] = row | {"model": model}
+                paths = {
+                    e: work / "folds" / tag / f"{name}-{model}-s{seed}-e{e}.pt" for e in lengths
+                }
+                nets = fold_weights(name, model, seed, train, counts, params, paths)
+                for row_name, (source, e) in rows.items():
+                    if source != name:
+                        continue
+                    for key, row in score(nets[e], test).items():
+                        per[row_name].setdefault(key, {})[str(seed)] = row | {"model": model}
     # A test workload's row per source: its metrics averaged over seeds.
     rows_of: dict[str, dict[str, dict[str, float]]] = {}
     for name, by_key in per.items():
@@ -323,19 +361,19 @@ def main(argv: list[str] | None = None) -> int:
             row["model"], row["family"] = seeds[0]["model"], seeds[0]["family"]
             rows_of[name][key] = row
     results: dict[str, Any] = {}
-    for name in sources:
-        rows = list(rows_of[name].values())
-        results[name] = summarize(rows)
+    for name in rows:
+        rows_here = list(rows_of[name].values())
+        results[name] = summarize(rows_here)
         results[name]["models"] = {
-            m: summarize([r for r in rows if r["model"] == m]) for m in models
+            m: summarize([r for r in rows_here if r["model"] == m]) for m in models
         }
-        families = sorted({r["family"] for r in rows})
+        families = sorted({r["family"] for r in rows_here})
         results[name]["families"] = {
-            f: summarize([r for r in rows if r["family"] == f]) for f in families
+            f: summarize([r for r in rows_here if r["family"] == f]) for f in families
         }
-    names = list(sources)
+    names = list(rows)
     wins = {n: 0 for n in names}
-    for key in rows_of[args.test]:
+    for key in rows_of[names[0]]:
         scores = {n: rows_of[n][key]["spearman"] for n in names}
         best = max(scores.values())
         leaders = [n for n in names if scores[n] == best]
@@ -353,7 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "records_per_workload_median": float(np.median(list(counts.values()))),
         "seeds": args.seeds,
         "loss": params["loss"],
-        "epochs": int(params["epochs"]),
+        "epochs": lengths,
         "held_out_models": models,
         "results": results,
         "wins": wins,
@@ -365,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     stem = (
         f"pretrain_source_{args.test}"
         + (f"_{args.loss}" if args.loss else "")
-        + (f"_epochs{args.epochs}" if args.epochs else "")
+        + (f"_epochs{'-'.join(map(str, lengths))}" if args.epochs else "")
     )
     (out / f"{stem}.json").write_text(json.dumps(summary, indent=1) + "\n")
     table = markdown(summary, models)
@@ -390,7 +428,9 @@ def markdown(summary: dict[str, Any], models: list[str]) -> str:
         "",
         f"Commit {summary['commit']}. Sources: "
         + ", ".join(f"`{n}` = `{p}`" for n, p in summary["sources"].items())
-        + f". Pretraining loss `{summary['loss']}`, {summary['epochs']} epochs. "
+        + f". Pretraining loss `{summary['loss']}`, "
+        + "/".join(map(str, summary["epochs"]))
+        + " epochs (a row `source@E` is E epochs of one training run). "
         f"{summary['shared_workloads']} workloads in "
         "every source, cut to the same "
         f"records per workload (median {summary['records_per_workload_median']:g}); each zoo "

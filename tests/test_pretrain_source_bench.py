@@ -37,7 +37,6 @@ def test_sources_share_workloads_cut_to_the_smallest_count_and_folds_leave_a_mod
 @pytest.mark.parametrize(
     "args, message",
     [
-        (["--train", "one=data", "--test", "one"], "at least two sources"),
         (["--train", "one", "two=data", "--test", "one"], "NAME=DIR"),
         (["--train", "one=data", "two=no/such/dir", "--test", "one"], "is no dataset"),
         (["--train", "one=data", "one=data", "--test", "one"], "given twice"),
@@ -60,3 +59,47 @@ def test_a_bad_training_override_is_one_line_before_any_featurizing(capsys, extr
     assert main(["--train", "one=data", "two=data", "--test", "one", *extra]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and says in err[0]
+
+
+@pytest.mark.parametrize(
+    "train, extra",
+    [
+        (["one=data"], []),
+        (["one=data"], ["--epochs", "40"]),
+        (["one=data"], ["--epochs", "40", "40"]),
+    ],
+)
+def test_one_row_is_nothing_to_compare(capsys, train, extra):
+    from pretrain_source import main
+
+    assert main(["--train", *train, "--test", "one", *extra]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nothing to compare" in err[0]
+
+
+def test_one_training_run_stands_for_every_shorter_length(tmp_path):
+    """The snapshots at 2 and 5 epochs of one 5-epoch run are the nets that 2- and 5-epoch
+    runs end in, so one run per fold weighs several training lengths."""
+    import torch
+    from pretrain_source import cut, fold_weights
+
+    from gradtune.costmodel.pretrain import train
+    from gradtune.costmodel.train import Group, predict
+    from gradtune.symbolic.features import FEATURES
+
+    rng = np.random.default_rng(0)
+    programs = [torch.as_tensor(rng.normal(size=(2, FEATURES)), dtype=torch.float32)
+                for _ in range(12)]  # fmt: skip
+    entry = {"family": "conv2d", "models": {"m"}, "programs": programs,
+             "latencies": list(1.0 + rng.random(12))}  # fmt: skip
+    params = {"loss": "rank", "lr": 1e-3}
+    paths = {2: tmp_path / "e2.pt", 5: tmp_path / "e5.pt"}
+    nets = fold_weights("one", "m", 0, {"w": entry}, {"w": 12}, params, paths)
+    assert sorted(nets) == [2, 5] and all(p.is_file() for p in paths.values())
+    chosen, latencies = cut(entry, 12, 0)
+    for epochs in (2, 5):
+        alone, _ = train([Group("w", "conv2d", chosen, latencies)], "rank", epochs, 1e-3, 0)
+        assert np.allclose(predict(nets[epochs], programs), predict(alone, programs))
+    # Cached: a second call trains nothing and loads the same nets.
+    again = fold_weights("one", "m", 0, {}, {}, params, paths)
+    assert np.allclose(predict(again[5], programs), predict(nets[5], programs))

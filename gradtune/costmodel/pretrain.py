@@ -116,12 +116,27 @@ def train(
     lr: float,
     seed: int,
     progress: Callable[[], None] | None = None,
+    on_epoch: Callable[[int, FelixMLP], None] | None = None,
 ) -> tuple[FelixMLP, list[float]]:
     """A fresh ``FelixMLP`` seeded with ``seed`` and fitted on ``groups``; (model, loss per
-    epoch). Pretraining and leave-out pretraining share it, so they differ only in the data."""
+    epoch). Pretraining and leave-out pretraining share it, so they differ only in the data.
+
+    ``on_epoch(epoch, model)`` sees the model after each epoch (1-based). A run of E epochs
+    passes through exactly the states of every shorter run with the same seed, so one run
+    can stand for several training lengths."""
     torch.manual_seed(seed)
     model = FelixMLP()
-    history = fit(model, groups, loss=loss, epochs=epochs, lr=lr, seed=seed, progress=progress)
+    done = 0
+
+    def after_epoch() -> None:
+        nonlocal done
+        done += 1
+        if progress is not None:
+            progress()
+        if on_epoch is not None:
+            on_epoch(done, model)
+
+    history = fit(model, groups, loss=loss, epochs=epochs, lr=lr, seed=seed, progress=after_epoch)
     return model, history
 
 

@@ -332,3 +332,15 @@ def test_leave_out_weights_are_cached_per_choice_of_machines(tmp_path):
     mixed, _ = cached_weights(layout, groups, {"k1"}, {**params, "machines": "all"}, features)
     assert mixed != default and mixed.is_file()
     assert cached_weights(layout, groups, {"k1"}, params, features)[0] == default
+
+
+def test_a_preparation_pretrained_with_other_settings_is_stale(monkeypatch):
+    from searchbench import driver
+
+    params = {"loss": "rank", "epochs": 40, "lr": 7e-4, "seed": 0, "machines": "target"}
+    monkeypatch.setattr(driver, "pretrain_params", lambda: params)
+    recorded = {"workloads": 72, "loss": "rank", "epochs": 40, "lr": 7e-4, "seed": 0}
+    assert not driver.stale_pretraining(recorded)
+    assert driver.stale_pretraining(recorded | {"epochs": 160})
+    assert driver.stale_pretraining(recorded | {"loss": "mse"})
+    assert not driver.stale_pretraining({"workloads": 72}), "unrecorded settings are not stale"

@@ -27,7 +27,7 @@ from typing import Any
 from searchbench import api, timing
 from searchbench.layout import Layout, RunSpec, write_json
 from searchbench.models import MODELS, ROOT
-from searchbench.prepare import features_path, file_sha1
+from searchbench.prepare import features_path, file_sha1, pretrain_params
 
 SCRIPT = ROOT / "bench" / "search_efficiency.py"
 STOP_GRACE_S = 180  # a child finishing its batch after SIGINT; then SIGKILL
@@ -174,6 +174,13 @@ def ensure_features(children: Children, layout: Layout) -> None:
         raise SystemExit(f"search_efficiency: featurize failed (exit {code}); see {log}")
 
 
+def stale_pretraining(recorded: dict[str, Any]) -> bool:
+    """Whether a preparation's recorded pretraining differs from params.yaml's in loss,
+    epochs, learning rate or seed (settings it did not record count as unchanged)."""
+    params = pretrain_params()
+    return any(k in recorded and recorded[k] != params[k] for k in ("loss", "epochs", "lr", "seed"))
+
+
 def prepared_ok(layout: Layout, model: str) -> dict[str, Any] | None:
     """The model's preparation, if done and still for the same model file."""
     path = layout.prepared(model)
@@ -185,6 +192,11 @@ def prepared_ok(layout: Layout, model: str) -> dict[str, Any] | None:
     if record.get("source_sha1") != MODELS[model].source_sha1():
         return None
     if "error" not in record and record.get("features_sha1") != file_sha1(features_path()):
+        return None
+    # So is one whose cost model was pretrained with other settings than params.yaml's now
+    # (a longer pretraining, say): its weights are cached under another key and would go
+    # unused.
+    if "error" not in record and stale_pretraining(record.get("pretraining") or {}):
         return None
     # Another lowering tunes other tasks (fast math renames and rehashes every SiLU kernel);
     # preparations from before an option was recorded were made without it.

@@ -344,3 +344,21 @@ def test_a_preparation_pretrained_with_other_settings_is_stale(monkeypatch):
     assert driver.stale_pretraining(recorded | {"epochs": 160})
     assert driver.stale_pretraining(recorded | {"loss": "mse"})
     assert not driver.stale_pretraining({"workloads": 72}), "unrecorded settings are not stale"
+
+
+def test_runs_tuned_for_another_cpu_are_not_restored(tmp_path):
+    import json
+
+    from searchbench import api
+    from searchbench.archive import restore
+    from searchbench.layout import Layout
+
+    config, _ = api.host_target()
+    other = dict(config, mcpu="not-this-cpu")
+    run = tmp_path / "archive" / "480s" / "runs" / "m" / "gradient-r0"
+    run.mkdir(parents=True)
+    (run / "result.json").write_text(json.dumps({"model": "m", "target": other}))
+    layout = Layout(tmp_path / "work", 480.0)
+    with pytest.raises(SystemExit, match="not-this-cpu.*not restored"):
+        restore(layout, tmp_path / "archive")
+    assert not (tmp_path / "work").exists(), "nothing is copied before the check"

@@ -98,7 +98,16 @@ def restore(layout: Layout, source: Path) -> int:
     archived = source / layout.root.name
     if not archived.is_dir():
         raise SystemExit(f"search_efficiency: no archived runs of {layout.root.name} in {source}")
-    _config, target = api.host_target()
+    config, target = api.host_target()
+    # A restored run's libraries are rebuilt for this host: schedules tuned on another CPU,
+    # compiled and timed here beside this CPU's own runs, would be a comparison of neither.
+    for run_dir in _finished_runs(archived):
+        tuned_for = json.loads((run_dir / "result.json").read_text()).get("target")
+        if tuned_for is not None and tuned_for != config:
+            raise SystemExit(
+                f"search_efficiency: {run_dir.relative_to(source)} was tuned for "
+                f"{json.dumps(tuned_for)}, this host is {json.dumps(config)}: not restored"
+            )
     count = 0
     for run_dir in _finished_runs(archived):
         local = layout.root / run_dir.relative_to(archived)

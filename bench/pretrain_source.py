@@ -29,8 +29,8 @@ source is then enough.
         --out data-2threads --random 48 --evolutionary 16 --time-budget 3600
     .venv/bin/python bench/pretrain_source.py \\
         --train one_thread=data two_threads=data-2threads --test two_threads --seeds 3
-    .venv/bin/python bench/pretrain_source.py \
-        --train one_thread=data two_threads=data-2threads --test two_threads --seeds 3 \
+    .venv/bin/python bench/pretrain_source.py \\
+        --train one_thread=data two_threads=data-2threads --test two_threads --seeds 3 \\
         --epochs 40 160
 """
 
@@ -293,12 +293,12 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    # A row of the comparison: a source at a training length.
-    rows = {
-        (f"{name}@{e}" if len(lengths) > 1 else name): (name, e)
-        for name in sources
-        for e in lengths
-    }
+
+    def row_name(source: str, epochs: int) -> str:
+        """A row of the comparison: a source at a training length."""
+        return f"{source}@{epochs}" if len(lengths) > 1 else source
+
+    rows = [row_name(name, e) for name in sources for e in lengths]
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
     data = {name: workloads_of(features_of(name, folder, work)) for name, folder in sources.items()}
@@ -342,11 +342,11 @@ def main(argv: list[str] | None = None) -> int:
                     e: work / "folds" / tag / f"{name}-{model}-s{seed}-e{e}.pt" for e in lengths
                 }
                 nets = fold_weights(name, model, seed, train, counts, params, paths)
-                for row_name, (source, e) in rows.items():
-                    if source != name:
-                        continue
-                    for key, row in score(nets[e], test).items():
-                        per[row_name].setdefault(key, {})[str(seed)] = row | {"model": model}
+                for e, net in nets.items():
+                    for key, row in score(net, test).items():
+                        per[row_name(name, e)].setdefault(key, {})[str(seed)] = row | {
+                            "model": model
+                        }
     # A test workload's row per source: its metrics averaged over seeds.
     rows_of: dict[str, dict[str, dict[str, float]]] = {}
     for name, by_key in per.items():

@@ -101,19 +101,19 @@ def restore(layout: Layout, source: Path) -> int:
     config, target = api.host_target()
     # A restored run's libraries are rebuilt for this host: schedules tuned on another CPU,
     # compiled and timed here beside this CPU's own runs, would be a comparison of neither.
-    for run_dir in _finished_runs(archived):
-        tuned_for = json.loads((run_dir / "result.json").read_text()).get("target")
+    runs = {d: json.loads((d / "result.json").read_text()) for d in _finished_runs(archived)}
+    for run_dir, result in runs.items():
+        tuned_for = result.get("target")
         if tuned_for is not None and tuned_for != config:
             raise SystemExit(
                 f"search_efficiency: {run_dir.relative_to(source)} was tuned for "
                 f"{json.dumps(tuned_for)}, this host is {json.dumps(config)}: not restored"
             )
     count = 0
-    for run_dir in _finished_runs(archived):
+    for run_dir, result in runs.items():
         local = layout.root / run_dir.relative_to(archived)
         if (local / "result.json").is_file():
             continue
-        result = json.loads((run_dir / "result.json").read_text())
         shutil.copytree(run_dir, local, dirs_exist_ok=True)
         _rebuild(layout.work, local, result, target)
         count += 1

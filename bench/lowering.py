@@ -78,6 +78,7 @@ BASELINE = "plain"
 # and plain weights, is every variant's baseline and always runs.
 _PLAIN = {
     "weight_prepack": False, "fast_math": False, "conv_layout": "NCHW", "fold_batchnorm": False,
+    "subpixel_conv_transpose": False,
 }  # fmt: skip
 VARIANTS = {
     BASELINE: _PLAIN,
@@ -90,6 +91,7 @@ VARIANTS = {
     "nchwc+fast_math": {**_PLAIN, "conv_layout": "NCHWc", "fast_math": True},
     "fold_bn": {**_PLAIN, "fold_batchnorm": True},
     "fold_bn+fast_math": {**_PLAIN, "fold_batchnorm": True, "fast_math": True},
+    "subpixel": {**_PLAIN, "subpixel_conv_transpose": True},
 }
 DEFAULT_VARIANTS = ("prepack", "fast_math")
 DEFAULT_MODELS = ("mbconv_se", "bert_block")

@@ -228,6 +228,13 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         help="fold each BatchNorm after a 2-D convolution into its weights and a bias",
     )
+    parser.add_argument(
+        "--subpixel-conv-transpose",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="2-D transposed convolutions as one dense convolution over their output "
+        "phases, not over their input spread out with zeros (default: on)",
+    )
 
 
 def add_transfer_parser(sub) -> None:
@@ -692,6 +699,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         weight_prepack=args.weight_prepack,
         conv_layout=args.conv_layout,
         fold_batchnorm=args.fold_batchnorm,
+        subpixel_conv_transpose=args.subpixel_conv_transpose,
     )
     if os.environ.get(_RELAYED_BY) == str(os.getppid()):
         # The process _supervise_tune watches: its parent checks everything (checked_job).

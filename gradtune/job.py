@@ -80,6 +80,9 @@ class TuneJob:
         (``partition.Lowering``).
     fold_batchnorm : bool, default False
         BatchNorms after 2-D convolutions folded into their weights (``partition.Lowering``).
+    subpixel_conv_transpose : bool, default True
+        2-D transposed convolutions as one dense convolution over their output phases
+        (``partition.Lowering``; ``--no-subpixel-conv-transpose`` for TOPI's).
     """
 
     model: str
@@ -107,6 +110,7 @@ class TuneJob:
     weight_prepack: bool = False
     conv_layout: str = "NCHW"
     fold_batchnorm: bool = False
+    subpixel_conv_transpose: bool = True
 
     @property
     def out_dir(self) -> Path:
@@ -265,6 +269,7 @@ def check_resumed_target(job: TuneJob) -> None:
             f" --conv-layout {before['conv_layout']}" if before["conv_layout"] != "NCHW" else ""
         )
         flags += " --fold-batchnorm" if before["fold_batchnorm"] else ""
+        flags += "" if before["subpixel_conv_transpose"] else " --no-subpixel-conv-transpose"
         raise GradtuneError(
             f"--out {job.out_dir} was tuned with {flags}; resume with the same options or "
             "choose another directory"

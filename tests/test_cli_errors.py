@@ -168,13 +168,17 @@ def test_reserved_alias(capsys, out):
     ("lowering", "flags"),
     [
         # As a run from before the options were recorded left it: no "lowering" key.
-        (None, "--no-fast-math"),
+        (None, "--no-fast-math --no-subpixel-conv-transpose"),
         # Tuned in NHWC, resumed in the model's own NCHW: other workloads again.
         ({"weight_prepack": False, "fast_math": True, "conv_layout": "NHWC"},
-         "--fast-math --conv-layout NHWC"),
+         "--fast-math --conv-layout NHWC --no-subpixel-conv-transpose"),
         # BatchNorms folded: the convolutions' kernels are other workloads too.
         ({"weight_prepack": False, "fast_math": True, "conv_layout": "NCHW",
-          "fold_batchnorm": True}, "--fast-math --fold-batchnorm"),
+          "fold_batchnorm": True}, "--fast-math --fold-batchnorm --no-subpixel-conv-transpose"),
+        # Transposed convolutions in TOPI's lowering: other workloads than the phase one.
+        ({"weight_prepack": False, "fast_math": True, "conv_layout": "NCHW",
+          "fold_batchnorm": False, "subpixel_conv_transpose": False},
+         "--fast-math --no-subpixel-conv-transpose"),
     ],
 )  # fmt: skip
 def test_resuming_with_other_lowering_options_is_refused(capsys, tmp_path, lowering, flags):

@@ -37,6 +37,7 @@ def _check_outputs(out: Path, trials: int) -> dict:
         "fast_math": True,
         "conv_layout": "NCHW",
         "fold_batchnorm": False,
+        "subpixel_conv_transpose": True,
     }
     if summary["search"] == "gradient":  # the defaults it searched with, every field
         from gradtune.search.gradient_search import GradientConfig

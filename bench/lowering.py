@@ -14,6 +14,10 @@ weighs each against the plain lowering, nothing else changed:
 - ``nhwc``: 2-D convolutions and what follows them in NHWC (weights HWIO) by Relax's
   ``ConvertLayout``, so the output channels are the contiguous innermost axis a vector spans;
   ``nhwc+fast_math`` with fast math too.
+- ``subpixel``: 2-D transposed convolutions as one dense convolution over their output phases
+  (``gradtune/subpixel.py``) instead of TOPI's convolution over the input spread out with
+  zeros; each keeps its kernel's name and the sizes of its data, weights and output whenever
+  the stride divides the kernel (DCGAN's 4×4 stride-2 layers do), so its kernels match.
 
 Protocol:
 
@@ -409,8 +413,9 @@ def markdown(args: argparse.Namespace, data: dict[str, Any]) -> str:
     names = data["variants"]
     others = names[1:]
     lines = [
-        "# Lowering options (weight prepacking, fast math, NHWC, BatchNorm folding) against the "
-        "plain lowering" + (" (PARTIAL)" if data["partial"] else ""),
+        "# Lowering options (weight prepacking, fast math, NHWC, BatchNorm folding, sub-pixel "
+        "transposed convolutions) against the plain lowering"
+        + (" (PARTIAL)" if data["partial"] else ""),
         "",
         conditions(data["commit"], data["machine"]) + f" Per model the {args.tasks} tasks with "
         f"the most FLOPs{which(args)}, tuned by {args.search} search for {args.trials} trials "

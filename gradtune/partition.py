@@ -200,6 +200,25 @@ def recorded_lowering(record: dict[str, Any] | None) -> dict[str, Any]:
     return {**asdict(EXACT_LOWERING), **(record or {})}
 
 
+# The lowering options that change the loop nest of a family's kernels, not only the arithmetic
+# of an epilogue MetaSchedule inlines: a schedule tuned under one value fits no sketch under
+# the other. Sub-pixel lowering makes a transposed convolution a dense convolution and a
+# gather; a data layout reorders a convolution's loops and those of the pooling, concatenation
+# and elementwise kernels the layout spreads to. Prepacked weights, fast math and a folded
+# BatchNorm leave every sketch's loops as they were.
+SHAPING_OPTIONS = {
+    "subpixel_conv_transpose": ("conv2d_transpose",),
+    "conv_layout": ("conv2d", OTHER_FAMILY),
+}
+
+
+def shaping_lowering(lowering: dict[str, Any], kernel_class: str) -> dict[str, Any]:
+    """The options of ``lowering`` (``recorded_lowering``'s fields) that shape the loop nest
+    of a ``kernel_class`` kernel: what a schedule must share with a kernel to transfer to it."""
+    family = operator_family(kernel_class)
+    return {name: lowering[name] for name, shaped in SHAPING_OPTIONS.items() if family in shaped}
+
+
 def prepare(
     mod: Any, params: dict[str, Any], target: Any, lowering: Lowering = DEFAULT_LOWERING
 ) -> Any:

@@ -112,7 +112,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
     the directory (``run.json``) here: input that fails to import leaves no directory behind."""
     mark_out_dir(job, fingerprint(job.model, job.entry, job.input_shapes))
     target = make_target(target_config)
-    write_task_table(job.out_dir, tasks)
+    write_task_table(job.out_dir, tasks, job.lowering_options())
     transfer = transfer_from_library(job, tasks, target) if job.library else None
     columns = [
         TextColumn("[bold]tuning[/]"), BarColumn(), MofNCompleteColumn(), TextColumn("trials"),
@@ -190,7 +190,7 @@ def transfer_from_library(job: TuneJob, tasks: list[TuningTask], target: Any) ->
     library = load_library(library_spec(job), library_uri(job))
     if library.skipped:
         console.print(f"[yellow]library[/]: {len(library.skipped)} unreadable source(s) skipped")
-    source, lines = select_source(tasks, library, target, AUTO)
+    source, lines = select_source(tasks, library, target, AUTO, job.lowering_options())
     # Without a source the last line says why; a warm start says it once, as its notice.
     cold = source is None and not job.transfer_only
     for line in lines[:-1] if cold else lines:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +13,7 @@ import pytest
 
 from gradtune.cli import main
 from gradtune.errors import GradtuneError
-from gradtune.partition import TuningTask, partition
+from gradtune.partition import DEFAULT_LOWERING, TuningTask, partition
 from gradtune.symbolic.variables import TileVar
 from gradtune.transfer.apply import (
     ADAPTED,
@@ -102,6 +103,36 @@ def test_transfer_classes_join_compute_kernels_across_epilogues_only():
     assert ranked[0].score == pytest.approx(0.81 * 2)
 
 
+def test_schedules_of_another_lowering_of_their_loops_are_not_offered():
+    from gradtune.transfer.run import select_source
+
+    def schedule(kernel_class: str, **lowering) -> Schedule:
+        return Schedule("s", "t", kernel_class, kernel_class, "", None, None, 1.0, lowering)
+
+    subpixel = asdict(DEFAULT_LOWERING)
+    assert subpixel["subpixel_conv_transpose"] and subpixel["conv_layout"] == "NCHW"
+    topi_deconv = schedule("conv2d_transpose+relu", subpixel_conv_transpose=False)
+    nchw_conv = schedule("conv2d+add+relu", conv_layout="NCHW")
+    pool = schedule("max+pool2d", conv_layout="NCHW")
+    dense = schedule("matmul+add")  # no option shapes a matmul's loops
+    source = Source("s", "t", [topi_deconv, nchw_conv, pool, dense])
+    # TOPI's zero-spread lowering of a transposed convolution fits no sub-pixel sketch.
+    assert source.fitting(subpixel).schedules == [nchw_conv, pool, dense]
+    assert topi_deconv.fits({**subpixel, "subpixel_conv_transpose": False})
+    # A data layout reorders the convolutions and the kernels it spreads to, not a matmul;
+    # prepacked weights, fast math and a folded BatchNorm reorder nothing.
+    nhwc = {**subpixel, "conv_layout": "NHWC"}
+    assert [s.kernel_class for s in source.fitting(nhwc).schedules] == ["matmul+add"]
+    for option in ("weight_prepack", "fast_math", "fold_batchnorm"):
+        assert nchw_conv.fits({**subpixel, option: not subpixel[option]})
+    # What is left out is never ranked, and the ranking says how many were.
+    tasks = [_task("a", "conv2d_transpose+relu", 90.0), _task("b", "matmul+add", 10.0)]
+    library = Library([source])
+    chosen, lines = select_source(tasks, library, "t", lowering=subpixel)
+    assert chosen.schedules == [nchw_conv, pool, dense]
+    assert lines[0].startswith("1 schedule(s) tuned under another lowering of their loops")
+
+
 # --------------------------------------------------------------------------- the library
 
 
@@ -136,7 +167,7 @@ def _record_database(directory: Path, tasks, targets, seed: int = 1) -> None:
                     ms.arg_info.ArgInfo.from_prim_func(task.mod["main"]),
                 )
             )
-    write_task_table(directory, tasks)
+    write_task_table(directory, tasks, asdict(DEFAULT_LOWERING))
 
 
 @pytest.fixture(scope="module")
@@ -181,6 +212,28 @@ def test_library_indexes_by_target_class_and_workload_and_never_mixes_targets(
         only_theirs.check_target(mine)
     with pytest.raises(GradtuneError, match="empty"):
         Library().check_target(mine)
+
+
+def test_the_library_reads_each_schedules_lowering_from_the_table_or_the_run(
+    mlp_tasks, llvm_target, tmp_path
+):
+    _record_database(tmp_path / "run", mlp_tasks, [llvm_target])  # the default lowering
+    rows = json.loads((tmp_path / "run" / "database_tasks.json").read_text())
+    assert [row["lowering"] for row in rows] == [{} for _ in rows]  # an MLP: nothing shaped
+    schedules = load_library(str(tmp_path / "run")).sources[0].schedules
+    assert [s.lowering for s in schedules] == [{} for _ in schedules]
+    # A table from before the lowering was recorded: the run's own record of it.
+    for row in rows:
+        row.pop("lowering")
+        row["kernel_class"] = "conv2d+add"  # as if its kernels were convolutions
+    (tmp_path / "run" / "database_tasks.json").write_text(json.dumps(rows))
+    (tmp_path / "run" / "run.json").write_text(json.dumps({"lowering": {"conv_layout": "NHWC"}}))
+    schedules = load_library(str(tmp_path / "run")).sources[0].schedules
+    assert [s.lowering for s in schedules] == [{"conv_layout": "NHWC"} for _ in schedules]
+    # Without a record of the run either: the lowering of that time, NCHW.
+    (tmp_path / "run" / "run.json").unlink()
+    schedules = load_library(str(tmp_path / "run")).sources[0].schedules
+    assert [s.lowering for s in schedules] == [{"conv_layout": "NCHW"} for _ in schedules]
 
 
 def test_corrupt_source_is_skipped_and_counted(mlp_tasks, llvm_target, tmp_path):
@@ -476,7 +529,7 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(tiny_model, llvm_tar
     source_dir = tmp_path / "source"
     _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
     source_dir.mkdir()
-    write_task_table(source_dir, tasks)
+    write_task_table(source_dir, tasks, asdict(DEFAULT_LOWERING))
     with LocalFleet() as tracker:
         tune(tasks, llvm_target, source_dir, tracker, max_trials=6, search="replay-trace",
              trials_per_round=2)  # fmt: skip

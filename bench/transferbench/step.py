@@ -36,6 +36,16 @@ from transferbench.layout import FINAL, FULL, TRANSFER, UNTUNED, WARM, TransferL
 TRANSFER_BUDGET = 24 * 3600.0  # a transfer has no deadline: it measures what it has
 
 
+def default_lowering() -> dict[str, Any]:
+    """The lowering ``api.partition_model`` gives (tune's default): what the partition table
+    records as having shaped each loop nest, and what a library's schedules must share."""
+    from dataclasses import asdict
+
+    from gradtune.partition import DEFAULT_LOWERING
+
+    return asdict(DEFAULT_LOWERING)
+
+
 class LibraryTransfer:
     """tune's ``warm_start`` hook that reads the library when called (inside the clock): the
     sources by Eq. 1, then ``transfer.run.Transfer`` from the best."""
@@ -49,7 +59,7 @@ class LibraryTransfer:
         from gradtune.transfer.run import AUTO, Transfer, select_source
 
         library = load_library(",".join(str(d) for d in self.library))
-        source, lines = select_source(self.tasks, library, self.target, AUTO)
+        source, lines = select_source(self.tasks, library, self.target, AUTO, default_lowering())
         print("\n".join(lines), flush=True)
         self.transfer = Transfer(self.tasks, self.target, source, ranking=lines)
         return self.transfer(database, builder, runner, trials_left)
@@ -78,7 +88,7 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
         return adopt(spec, layout, source, tasks)
     db.mkdir(parents=True, exist_ok=True)
     # The partition table names each workload's kernel class: what a library reads.
-    write_task_table(db, tasks)
+    write_task_table(db, tasks, default_lowering())
     library = layout.library_dirs(spec.model) if spec.searcher in (TRANSFER, WARM) else []
     if spec.searcher in (TRANSFER, WARM) and not library:
         raise RuntimeError(f"no other model's {FULL} run finished: the library would be empty")
@@ -185,7 +195,7 @@ def adopt(spec: RunSpec, layout: TransferLayout, source: Path, tasks: list[Any])
     for folder in (searchrun.DB, final):
         if (source / folder).is_dir():
             shutil.copytree(source / folder, run_dir / folder, dirs_exist_ok=True)
-    write_task_table(run_dir / searchrun.DB, tasks)
+    write_task_table(run_dir / searchrun.DB, tasks, default_lowering())
     shutil.copyfile(run_dir / searchrun.DB / TASK_TABLE, run_dir / final / TASK_TABLE)
     result = json.loads((source / "result.json").read_text())
     build = result["builds"][FINAL]

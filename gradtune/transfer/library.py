@@ -15,7 +15,11 @@ before the partition table existed has its classes read from its blocks' names i
 
 A schedule transfers within its **transfer class**: the anchor operator's family (conv2d,
 matmul, softmax, ...: ``partition.operator_family``) for a compute kernel, the kernel class
-itself for the rest (pooling, concatenation, resizing). The paper's classes are whole fused
+itself for the rest (pooling, concatenation, resizing). A schedule is offered only to a run
+whose lowering shaped its kernel's loops alike (``partition.SHAPING_OPTIONS``: a transposed
+convolution's sub-pixel lowering, the convolutions' data layout), which the partition table
+records per row: a schedule of TOPI's zero-spread transposed convolution fits no sketch of the
+sub-pixel one, and would only be counted invalid. The paper's classes are whole fused
 sequences because Ansor's sketches differ with them; MetaSchedule inlines an elementwise
 epilogue into one block, so ``conv2d+add+relu`` and BatchNorm's
 ``conv2d+subtract+divide+multiply+add+relu`` have sketches with the same sampling instructions
@@ -41,8 +45,16 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GradtuneError
+from ..job import RUN_FILE
 from ..measure.latency import median_seconds
-from ..partition import OTHER_FAMILY, TuningTask, module_kernel_class, operator_family
+from ..partition import (
+    OTHER_FAMILY,
+    TuningTask,
+    module_kernel_class,
+    operator_family,
+    recorded_lowering,
+    shaping_lowering,
+)
 from ..redact import redact_uri
 
 log = logging.getLogger(__name__)
@@ -59,9 +71,10 @@ def workload_hash(mod: Any) -> str:
     return str(int(tvm_ffi.structural_hash(mod)))
 
 
-def write_task_table(out_dir: Path, tasks: list[TuningTask]) -> Path:
+def write_task_table(out_dir: Path, tasks: list[TuningTask], lowering: dict[str, Any]) -> Path:
     """The partition table of a run, machine-readable: what each workload of its database is
-    (task, kernel class, weight, FLOPs, untuned µs and share of the untuned kernel time)."""
+    (task, kernel class, weight, FLOPs, untuned µs and share of the untuned kernel time) and
+    the options of the run's ``lowering`` that shaped its loop nest (``shaping_lowering``)."""
     total = sum(t.untuned_total_us for t in tasks if math.isfinite(t.untuned_us))
     rows = [
         {
@@ -72,6 +85,7 @@ def write_task_table(out_dir: Path, tasks: list[TuningTask]) -> Path:
             "flops": t.flops,
             "untuned_us": t.untuned_us if math.isfinite(t.untuned_us) else None,
             "share": t.untuned_total_us / total if total and math.isfinite(t.untuned_us) else None,
+            "lowering": shaping_lowering(lowering, t.kernel_class),
         }
         for t in tasks
     ]
@@ -127,6 +141,12 @@ class Schedule:
     trace: Any  # tvm Trace, decisions included
     mod: Any  # the source workload
     us: float  # median latency on the source's device
+    lowering: dict[str, Any] = field(default_factory=dict)  # its shaping_lowering
+
+    def fits(self, lowering: dict[str, Any]) -> bool:
+        """Whether this schedule was tuned under the options of ``lowering`` (a run's
+        ``recorded_lowering``) that shape its kernel class's loops."""
+        return self.lowering == shaping_lowering(lowering, self.kernel_class.removeprefix(BLOCKS))
 
 
 @dataclass
@@ -142,6 +162,11 @@ class Source:
         for s in self.schedules:
             out[s.kernel_class].append(s)
         return dict(out)
+
+    def fitting(self, lowering: dict[str, Any]) -> Source:
+        """This source without the schedules tuned under another lowering of their loops
+        (``Schedule.fits``): they would fit none of this run's sketches."""
+        return Source(self.name, self.target, [s for s in self.schedules if s.fits(lowering)])
 
     def matching(self, task: TuningTask) -> list[Schedule]:
         """The schedules of the task's kernel class, then those of the rest of its transfer
@@ -214,6 +239,9 @@ def read_database(name: str, directory: Path, top: int = 1) -> list[Source]:
     from ..measure.baseline import is_default
 
     table_path = directory / TASK_TABLE
+    # A table written before it recorded the lowering: the run's own record of it when the
+    # directory is a run's, else the lowering of that time (``recorded_lowering``).
+    run_lowering = recorded_lowering(_run_record(directory).get("lowering"))
     table: dict[str, dict] = {}
     if table_path.is_file():
         try:
@@ -253,6 +281,9 @@ def read_database(name: str, directory: Path, top: int = 1) -> list[Source]:
             kernel_class = (
                 row["kernel_class"] if row else BLOCKS + module_kernel_class(record.workload.mod)
             )
+            shaped = row.get("lowering") if row else None
+            if shaped is None:
+                shaped = shaping_lowering(run_lowering, kernel_class.removeprefix(BLOCKS))
             source = sources.setdefault(target, Source(name=name, target=target))
             source.schedules.append(
                 Schedule(
@@ -264,9 +295,20 @@ def read_database(name: str, directory: Path, top: int = 1) -> list[Source]:
                     trace=record.trace,
                     mod=record.workload.mod,
                     us=us,
+                    lowering=shaped,
                 )
             )
     return list(sources.values())
+
+
+def _run_record(directory: Path) -> dict[str, Any]:
+    """The run's record beside its database; empty for a registered model's download
+    or a record that cannot be read (its table's own rows then say what they can)."""
+    try:
+        record = json.loads((directory / RUN_FILE).read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+    return record if isinstance(record, dict) else {}
 
 
 def run_dirs(path: Path) -> list[Path]:

@@ -20,11 +20,11 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import GradtuneError
-from ..partition import TuningTask
+from ..partition import DEFAULT_LOWERING, SHAPING_OPTIONS, TuningTask, recorded_lowering
 from .apply import ADAPTED, APPLIED, FAILED, Candidate, DesignSpace, candidates_for
 from .library import Library, Source, target_key
 from .selection import rank_sources, ranking_lines
@@ -66,17 +66,33 @@ def library_uri(job: Any) -> str | None:
 
 
 def select_source(
-    tasks: list[TuningTask], library: Library, target: Any, choice: str = AUTO
+    tasks: list[TuningTask],
+    library: Library,
+    target: Any,
+    choice: str = AUTO,
+    lowering: dict[str, Any] | None = None,
 ) -> tuple[Source | None, list[str]]:
     """The source to transfer from and the lines to print: by Eq. 1 (``choice`` "auto"), or
     the library's source named ``choice``. None (with a notice) when no source has a schedule
     of any of the model's kernel classes, or when the library is empty (the last line then
-    says why). Raises for a library of another target only."""
+    says why). Raises for a library of another target only.
+
+    Only schedules tuned under this run's ``lowering`` of their loops are ranked and offered
+    (``Source.fitting``; None: the default lowering), as only this target's are."""
     if library.is_empty():
         return None, [library.empty_reason()]
-    sources = library.check_target(target_key(target))
+    run_lowering = recorded_lowering(lowering or asdict(DEFAULT_LOWERING))
+    found = library.check_target(target_key(target))
+    sources = [s.fitting(run_lowering) for s in found]
+    left_out = sum(len(s.schedules) for s in found) - sum(len(s.schedules) for s in sources)
     ranked = rank_sources(tasks, sources)
     lines = ranking_lines(tasks, ranked)
+    if left_out:
+        lines.insert(
+            0,
+            f"{left_out} schedule(s) tuned under another lowering of their loops left out "
+            f"({', '.join(SHAPING_OPTIONS)})",
+        )
     if choice == AUTO:
         best = ranked[0]
     else:

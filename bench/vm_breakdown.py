@@ -13,7 +13,12 @@ round by round:
   tensors the inference passes it (captured once by an instrument on the VM's call
   instructions, ``VirtualMachine.set_instrument``), summed over the inference's calls;
 - **calls**: how many call instructions one inference runs, kernels and the VM's builtins
-  (``vm.builtin.*``: storage and tensor allocation, shape checks, tuples).
+  (``vm.builtin.*``: storage and tensor allocation, shape checks, tuples);
+- **flushed**: the same kernels, each run once after its arguments other than the first are
+  evicted from the CPU caches (TVM's ``cache_flush_cpu_non_first_arg``, as MetaSchedule's
+  ``enable_cpu_cache_flush`` times): weights, a residual's skip and the output come from
+  memory, the input from the previous kernel warm. In a whole inference each kernel's weights
+  were last touched one inference ago, so this bounds the cache's part from above.
 
 ``e2e - kernels`` is what running them as one program adds: the VM's interpretation and
 builtins, the thread pool's launch and join around each parallel kernel, and caches that a
@@ -22,7 +27,8 @@ its vCPUs: an inference hands its data from core to core, a kernel timed alone d
 with the cores apart the difference grows. So the cross-core probe (``gradtune.crosscore``)
 reads the thread pool before the first round and after each, and only the rounds with the
 cores as near as the fastest probe of any pass count (every round of a pass that had none);
-the table says in how many passes they did. With ``--perf`` (Linux ``perf`` with the software
+the table says in how many passes they did. An e2e nearer flushed than kernels is cache
+state rather than the runtime. With ``--perf`` (Linux ``perf`` with the software
 ``cpu-clock`` event; no hardware counters needed), each pass also samples the e2e loop and
 splits its samples by where they ran: the library's kernels (``model.so``), TVM's runtime and
 FFI (VM, allocators, thread pool), the OS kernel (scheduling, a worker's yields, page
@@ -31,7 +37,8 @@ faults), libc and the rest.
     .venv/bin/python bench/vm_breakdown.py RUN_DIR [RUN_DIR ...] [--threads 1 2] [--perf]
 
 The last line printed is one JSON object: ``{"libraries": {name: {threads: {"e2e_us",
-"kernels_us", "overhead_us", "overhead_share", "kernel_calls", "builtin_calls", "states",
+"kernels_us", "kernels_flushed_us", "overhead_us", "overhead_share", "kernel_calls",
+"builtin_calls", "states",
 "perf_shares"}}}, "commit": c}``.
 """
 
@@ -147,18 +154,29 @@ def time_library(run: Path, rounds: int, with_perf: bool) -> dict[str, Any]:
             kernels_mod.time_evaluator(symbol, dev, number=n, repeat=1)(*call_args).mean
         )
 
+    def flushed_timer(symbol: str, call_args: list[Any]) -> Any:
+        return lambda n: (
+            kernels_mod.time_evaluator(
+                symbol, dev, number=1, repeat=n, f_preproc="cache_flush_cpu_non_first_arg"
+            )(*call_args).mean
+        )
+
     timers = [kernel_timer(s, a) for s, a in kernel_calls]
     counts = [repeats_for(t) for t in timers]
+    flushed = [flushed_timer(s, a) for s, a in kernel_calls]
+    flushed_counts = [repeats_for(t) for t in flushed]
     n_e2e = repeats_for(e2e_timer)
     probe = crosscore.LinkProbe()
-    e2e, summed, link_ns = [], [], [probe()]
+    e2e, summed, summed_flushed, link_ns = [], [], [], [probe()]
     for _ in range(rounds):
         e2e.append(e2e_timer(n_e2e) * 1e6)
         summed.append(sum(t(n) for t, n in zip(timers, counts, strict=True)) * 1e6)
+        summed_flushed.append(sum(t(n) for t, n in zip(flushed, flushed_counts, strict=True)) * 1e6)
         link_ns.append(probe())
     record: dict[str, Any] = {
         "e2e_us": e2e,
         "kernels_us": summed,
+        "kernels_flushed_us": summed_flushed,
         "link_ns": link_ns,
         "kernel_calls": len(kernel_calls),
         "builtin_calls": len(calls) - len(kernel_calls),
@@ -179,6 +197,7 @@ def summarize(per: list[dict[str, Any]]) -> dict[str, Any]:
             {
                 "e2e_us": p["e2e_us"],
                 "kernels_us": p["kernels_us"],
+                "kernels_flushed_us": p["kernels_flushed_us"],
                 # Round by round: the two are timed back to back, in the same state.
                 "overhead_us": [a - b for a, b in zip(p["e2e_us"], p["kernels_us"], strict=True)],
             },
@@ -188,13 +207,14 @@ def summarize(per: list[dict[str, Any]]) -> dict[str, Any]:
         for p in per
     ]
     medians = [t.medians() for t in timings]
-    e2e, kernels, over = (
+    e2e, kernels, flushed, over = (
         statistics.median(m[name] for m in medians)
-        for name in ("e2e_us", "kernels_us", "overhead_us")
+        for name in ("e2e_us", "kernels_us", "kernels_flushed_us", "overhead_us")
     )
     return {
         "e2e_us": round(e2e, 2),
         "kernels_us": round(kernels, 2),
+        "kernels_flushed_us": round(flushed, 2),
         "overhead_us": round(over, 2),
         "overhead_share": round(over / e2e, 4),
         "kernel_calls": per[0]["kernel_calls"],
@@ -232,11 +252,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pass {k + 1}/{args.passes} done", file=sys.stderr)
     summary: dict[str, dict[int, dict[str, Any]]] = {}
     print(
-        "| library | threads | e2e µs | kernels µs | e2e − kernels µs | share | calls "
+        "| library | threads | e2e µs | kernels µs | flushed µs | e2e − kernels µs | share | calls "
         "kernels / builtins | passes near | perf: kernels / tvm runtime / os kernel / libc / "
         "other |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for run in args.runs:
         for count in args.threads:
             per = [p[run.name] for p in passes[count]]
@@ -252,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                 shares = " / ".join(f"{row['perf_shares'][g]:.0%}" for g in groups)
             summary.setdefault(run.name, {})[count] = row
             near = row["states"].count(crosscore.NEAR)
-            print(f"| {run.name} | {count} | {e2e:.1f} | {kernels:.1f} | {over:.1f} | "
+            print(f"| {run.name} | {count} | {e2e:.1f} | {kernels:.1f} | "
+                  f"{row['kernels_flushed_us']:.1f} | {over:.1f} | "
                   f"{over / e2e:.0%} | {row['kernel_calls']} / {row['builtin_calls']} | "
                   f"{near} of {len(row['states'])} | {shares} |")  # fmt: skip
     print(json.dumps({"libraries": summary, "commit": git_commit()}))

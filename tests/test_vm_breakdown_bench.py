@@ -29,6 +29,7 @@ def test_every_kernel_the_inference_calls_is_timed_alone_on_the_inference_own_te
     # The tiny MLP's matmuls and epilogues are kernels; allocation and checks are builtins.
     assert record["kernel_calls"] >= 2 and record["builtin_calls"] >= 1
     assert len(record["e2e_us"]) == len(record["kernels_us"]) == 3
+    assert len(record["kernels_flushed_us"]) == 3 and min(record["kernels_flushed_us"]) > 0
     assert len(record["link_ns"]) == 4  # a probe before the first round and after each
     assert all(k > 0 for k in record["kernels_us"]) and all(e > 0 for e in record["e2e_us"])
 
@@ -36,6 +37,7 @@ def test_every_kernel_the_inference_calls_is_timed_alone_on_the_inference_own_te
 def test_only_rounds_with_the_cores_near_count_and_the_row_says_where_each_pass_ran():
     def timed(e2e, kernels, link_ns):
         return {"e2e_us": e2e, "kernels_us": kernels, "link_ns": link_ns,
+                "kernels_flushed_us": [k * 1.5 for k in kernels],
                 "kernel_calls": 5, "builtin_calls": 9}  # fmt: skip
 
     per = [
@@ -52,6 +54,7 @@ def test_only_rounds_with_the_cores_near_count_and_the_row_says_where_each_pass_
     row = vm_breakdown.summarize(per)
     assert row["states"] == ["near", "apart", "near"]
     assert (row["e2e_us"], row["kernels_us"], row["overhead_us"]) == (102, 91, 11)
+    assert row["kernels_flushed_us"] == 136.5  # the same rounds' medians as the kernels
     assert row["overhead_share"] == round(11 / 102, 4)
 
 

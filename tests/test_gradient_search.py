@@ -394,8 +394,12 @@ def test_one_evolution_fills_several_batches_when_told(llvm_target, small_cnn_co
     search, session, context = search_on(small_cnn_conv, llvm_target, config)
     search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
                       ms.cost_model.XGBModel())  # fmt: skip
-    rounds, explored = [], []
+    rounds, explored, leftover = [], [], []
     for _ in range(3):
+        # What the first evolution left unmeasured: its picks may include a program the
+        # descent measured beside them, so the second batch takes what is left of it, not
+        # always a whole share.
+        leftover.append(len(search._unmeasured(search._evolved, 4)) if rounds else 0)
         candidates = search.generate_measure_candidates()
         explored.append(
             {tvm_ffi.structural_hash(c.sch.mod) for c in candidates[-search._explored :]}
@@ -408,7 +412,8 @@ def test_one_evolution_fills_several_batches_when_told(llvm_target, small_cnn_co
         rounds.append(session.take(small_cnn_conv.name))
     assert [r.reused for r in rounds] == [False, True, False]
     assert rounds[0].explorer_population == 64 and rounds[1].explorer_population == 0
-    assert rounds[1].evolved == 4 and not explored[0] & explored[1]
+    assert rounds[0].evolved == 4 and rounds[1].evolved == leftover[1] >= 2
+    assert not explored[0] & explored[1]
 
 
 def test_split_by_wins_gives_the_explorer_the_share_of_pairs_its_programs_won(

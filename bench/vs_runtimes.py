@@ -35,6 +35,13 @@ tune's summary.json recorded).
 Writes ``--out``/vs_runtimes.{md,json} (commit, machine, load averages; marked PARTIAL until
 every model finished). The last line printed is one JSON object: ``{"models": {name:
 {"vs_ort", "vs_torch_compile", "budget_s"}}, "geomean_vs_ort"}``.
+
+A compilation option is weighed end to end by tuning with it in a work directory of its own
+and timing its library beside the default's, in the same rounds as the peers (a ratio of
+vs-ORT ratios from two timings would carry two timings' drift):
+
+    .venv/bin/python bench/vs_runtimes.py --models resnet18_like --work bench/work/vsr-nchwc \
+        --tune-args="--conv-layout NCHWc" --alongside bench/work/vs_runtimes
 """
 
 from __future__ import annotations
@@ -44,6 +51,7 @@ import importlib.util
 import json
 import math
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -67,6 +75,7 @@ MIN_REPEATS = 7
 # Timings of one model at most, until one runs with the cores near: ~25 s each, and a VM's
 # host kept its two vCPUs apart for minutes at a time (gradtune.crosscore).
 TIMING_ATTEMPTS = 4
+ALONGSIDE = "tuned (alongside)"  # --alongside's library, a contender of the timing
 
 
 DEFAULT_WORK = ROOT / "bench" / "work" / "vs_runtimes"
@@ -79,6 +88,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=11, help=f"timing repeats (≥ {MIN_REPEATS})")
     parser.add_argument("--models", nargs="+", default=None, choices=sorted(MODELS))
     add_work_and_out(parser, DEFAULT_WORK)
+    parser.add_argument(
+        "--tune-args", default="", metavar="ARGS",
+        help="more gradtune tune options, one string (a compilation option such as "
+        "'--conv-layout NCHWc'); recorded with each result, and a result tuned with other ones "
+        "is tuned again",
+    )  # fmt: skip
+    parser.add_argument(
+        "--alongside", type=Path, default=None, metavar="WORK",
+        help="another work directory of this benchmark: its finished library of each model is "
+        "timed in the same rounds as this one's and the peers ('vs_alongside' = this tuned ms "
+        "/ that one's)",
+    )  # fmt: skip
     parser.add_argument("--render", action="store_true",
                         help="only gather the finished models' results; tune nothing")  # fmt: skip
     # Internal: the timing step, run in a fresh process.
@@ -87,6 +108,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     resolve_out(args, DEFAULT_WORK)
     if args.repeats < MIN_REPEATS:
         parser.error(f"--repeats must be at least {MIN_REPEATS}")
+    try:
+        args.tune_args = shlex.split(args.tune_args)
+    except ValueError as err:
+        parser.error(f"--tune-args: {err}")
+    if args.alongside is not None:
+        args.alongside = args.alongside.resolve()
+        if not args.alongside.is_dir():
+            parser.error(f"--alongside: {args.alongside} is not a directory")
     return args
 
 
@@ -98,7 +127,9 @@ def run_dir(work: Path, model: str) -> Path:
     return work / "runs" / model
 
 
-def finished(work: Path, bench: BenchModel, budget: float, trials: int) -> bool:
+def finished(
+    work: Path, bench: BenchModel, budget: float, trials: int, tune_args: list[str] | None = None
+) -> bool:
     path = result_path(work, bench.name)
     if not path.is_file():
         return False
@@ -106,6 +137,7 @@ def finished(work: Path, bench: BenchModel, budget: float, trials: int) -> bool:
     return (
         result.get("budget_s") == budget
         and result.get("trials_budget") == trials
+        and result.get("tune_args", []) == (tune_args or [])
         and result.get("source_sha1") == bench.source_sha1()
         # Tuned with the CLI's defaults of then: a default that moved since is tuned again.
         and config_moved(result.get("gradient_config"), today_defaults()) is None
@@ -121,13 +153,18 @@ def finished(work: Path, bench: BenchModel, budget: float, trials: int) -> bool:
 # --------------------------------------------------------------------------- tune
 
 
-def tune(work: Path, bench: BenchModel, budget: float, trials: int) -> dict[str, Any]:
-    """``gradtune tune`` with the CLI's defaults at ``budget``; returns its summary.json."""
+def tune(
+    work: Path, bench: BenchModel, budget: float, trials: int, tune_args: list[str]
+) -> dict[str, Any]:
+    """``gradtune tune`` with the CLI's defaults (but ``tune_args``) at ``budget``; returns its
+    summary.json."""
     out = run_dir(work, bench.name)
     summary = out / "summary.json"
     stamp = out / "bench.json"  # what this directory was tuned with
     wanted = {"budget_s": budget, "trials": trials, "source_sha1": bench.source_sha1(),
               "gradient_config": today_defaults()}  # fmt: skip
+    if tune_args:  # absent otherwise, so the stamps of earlier default runs still match
+        wanted["tune_args"] = tune_args
     if summary.is_file() and stamp.is_file() and json.loads(stamp.read_text()) == wanted:
         return json.loads(summary.read_text())
     if out.exists():
@@ -136,7 +173,7 @@ def tune(work: Path, bench: BenchModel, budget: float, trials: int) -> dict[str,
     write_json(stamp, wanted)
     argv = [sys.executable, "-m", "gradtune.cli", "tune", str(bench.tuning_file(work)),
             "--time-budget", str(budget), "--trials", str(trials), "--out", str(out / "tune"),
-            "--name", f"vs-runtimes-{bench.name}".replace("_", "-")]  # fmt: skip
+            "--name", f"vs-runtimes-{bench.name}".replace("_", "-"), *tune_args]  # fmt: skip
     print(f"{bench.name}: tuning for {budget:.0f} s", flush=True)
     with open(out / "tune.log", "w") as log:
         proc = subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
@@ -158,8 +195,11 @@ def source_module(bench: BenchModel) -> Any:
     return module.get_model()[0]
 
 
-def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
-    """Child: the tuned library against the peers, interleaved in this process."""
+def time_model(
+    work: Path, name: str, repeats: int, alongside: Path | None = None
+) -> dict[str, Any]:
+    """Child: the tuned library against the peers (and ``alongside``'s library of the model,
+    where it has one), interleaved in this process."""
     from gradtune import compilation, crosscore, peers
     from gradtune.frontend import load_model
     from gradtune.pipeline import peer_threads
@@ -176,6 +216,12 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
         tvm.runtime.load_module(str(out / "tune" / "model.so")), target, model.inputs
     )
     err = compilation.verify(tuned.outputs(), model.reference_outputs, "tuned TVM")
+    contenders = {"tuned": tuned.run}
+    other_lib = run_dir(alongside, name) / "tune" / "model.so" if alongside else None
+    if other_lib is not None and other_lib.is_file():
+        other = compilation.Runner(tvm.runtime.load_module(str(other_lib)), target, model.inputs)
+        compilation.verify(other.outputs(), model.reference_outputs, "alongside's tuned TVM")
+        contenders[ALONGSIDE] = other.run
     threads = peer_threads(summary["target"])
     twin = source_module(bench) if model.framework == "onnx" else None
     load_before = os.getloadavg()
@@ -186,8 +232,8 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
         # Again, up to TIMING_ATTEMPTS times, while the cores sat apart (gradtune.crosscore).
         while len(attempts) < TIMING_ATTEMPTS:
             attempts.append(compilation.time_rounds(
-                {"tuned": tuned.run, **found.runnable()}, repeats,
-                pools={"tuned": "tvm", **peers.POOLS},
+                {**contenders, **found.runnable()}, repeats,
+                pools={c: "tvm" for c in contenders} | peers.POOLS,
             ))  # fmt: skip
             reference = crosscore.fastest(t.link_ns for t in attempts)
             if attempts[-1].state(reference) == crosscore.NEAR:
@@ -211,6 +257,9 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
         "vs_ort": ratio(peers.ORT),
         "vs_torch_compile": ratio(peers.TORCH_COMPILE),
         "vs_eager": ratio(peers.EAGER),
+        "alongside": str(alongside) if ALONGSIDE in contenders else None,
+        "alongside_ms": ms.get(ALONGSIDE),
+        "vs_alongside": ratio(ALONGSIDE),
         "max_abs_err": err,
         "threads": threads,
         "repeats": repeats,
@@ -221,12 +270,16 @@ def time_model(work: Path, name: str, repeats: int) -> dict[str, Any]:
     }
 
 
-def time_in_child(work: Path, name: str, repeats: int) -> dict[str, Any]:
+def time_in_child(
+    work: Path, name: str, repeats: int, alongside: Path | None = None
+) -> dict[str, Any]:
     """Run the timing step in a fresh process (no tuning leftovers: threads, caches, fleet)."""
     path = run_dir(work, name) / "timing.json"
     path.unlink(missing_ok=True)
     argv = [sys.executable, str(Path(__file__).resolve()), "--time", name, "--work", str(work),
             "--repeats", str(repeats)]  # fmt: skip
+    if alongside is not None:
+        argv += ["--alongside", str(alongside)]
     print(f"{name}: timing against the peers", flush=True)
     with open(run_dir(work, name) / "timing.log", "w") as log:
         subprocess.run(argv, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, check=False)
@@ -250,8 +303,8 @@ def tuned_at(summary: dict[str, Any]) -> str:
 def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
     work = args.work
     load_before = os.getloadavg()
-    summary = tune(work, bench, args.budget, args.trials)
-    timing = time_in_child(work, bench.name, args.repeats)
+    summary = tune(work, bench, args.budget, args.trials, args.tune_args)
+    timing = time_in_child(work, bench.name, args.repeats, args.alongside)
     result = {
         "model": bench.name,
         "zoo_model": bench.zoo_name,
@@ -259,6 +312,7 @@ def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
         "framework": summary["framework"],
         "budget_s": args.budget,
         "trials_budget": args.trials,
+        "tune_args": args.tune_args,
         "search": summary["search"],
         "gradient_config": summary.get("gradient_config"),  # every field, defaults included
         "tuned_at": tuned_at(summary),
@@ -290,7 +344,7 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
 def gather(args: argparse.Namespace, names: list[str], failed: dict[str, str]) -> dict[str, Any]:
     results = {}
     for name in names:
-        if finished(args.work, MODELS[name], args.budget, args.trials):
+        if finished(args.work, MODELS[name], args.budget, args.trials, args.tune_args):
             result = json.loads(result_path(args.work, name).read_text())
             if "tuned_at" not in result:  # recorded before results named their tune's commit
                 summary = json.loads((run_dir(args.work, name) / "summary.json").read_text())
@@ -302,6 +356,7 @@ def gather(args: argparse.Namespace, names: list[str], failed: dict[str, str]) -
         "machine": machine(next((r["target"] for r in results.values()), None)),
         "budget_s": args.budget,
         "trials_budget": args.trials,
+        "tune_args": args.tune_args,
         "partial": len(results) < len(names),
         "failed": failed,
         "models": results,
@@ -319,15 +374,17 @@ def markdown(data: dict[str, Any]) -> str:
         + (" (PARTIAL)" if data["partial"] else ""),
         "",
         conditions(data["commit"], m) + " Each model tuned by `gradtune tune --time-budget "
-        f"{data['budget_s']:.0f} --trials {data['trials_budget']}` (every other option the "
-        "CLI's default), then its compiled library timed against the peers interleaved in one "
-        "fresh process, all on the target's core count (median of the repeats). Ratio = tuned "
-        "ms / peer ms: below 1 the tuned model is faster. The machine may be shared: see the "
-        "load averages (1, 5, 15 min) recorded per model. The commit above rendered this file; "
-        "each model was tuned at the commit its row names. 'cores': how near the two cores "
-        "sat while the kept rounds ran (`gradtune.crosscore`: an empty parallel launch of "
-        "TVM's pool bracketing every round): 'near' their fastest, 'apart' as when a VM's "
-        "host moves its vCPUs apart (every contender slower, each by its own factor; timed "
+        f"{data['budget_s']:.0f} --trials {data['trials_budget']}"
+        + "".join(f" {shlex.quote(a)}" for a in data.get("tune_args", []))
+        + "` (every other option the CLI's default), then its compiled library timed against the "
+        "peers interleaved in one fresh process, all on the target's core count (median of the "
+        "repeats). Ratio = tuned ms / peer ms: below 1 the tuned model is faster. The machine "
+        "may be shared: see the load averages (1, 5, 15 min) recorded per model. The commit "
+        "above rendered this file; each model was tuned at the commit its row names. 'cores': "
+        "how near the two cores sat while the kept rounds ran (`gradtune.crosscore`: an empty "
+        "parallel launch of TVM's pool bracketing every round): 'near' their fastest, 'apart' "
+        "as when a VM's host moves its vCPUs apart (every contender slower, each by its own "
+        "factor; timed "
         f"again up to {TIMING_ATTEMPTS} times until near), 'unprobed' before the probe.",
         "",
         "| model | zoo | tuned at | trials | tuned ms | ONNX Runtime ms | torch.compile ms "
@@ -353,6 +410,16 @@ def markdown(data: dict[str, Any]) -> str:
         f"{fmt(data['geomean_vs_torch_compile'])}.",
         "",
     ]
+    beside = [(n, r) for n, r in data["models"].items() if r.get("vs_alongside") is not None]
+    if beside:
+        lines += [
+            "Timed in the same rounds, the library of another work directory of this benchmark "
+            "(`--alongside`); ratio = this tuned ms / that one's:",
+            "",
+            *[f"- {n}: {r['tuned_ms']:.3f} against {r['alongside_ms']:.3f} ms "
+              f"({r['alongside']}): {r['vs_alongside']:.2f}" for n, r in beside],
+            "",
+        ]  # fmt: skip
     if notes:
         lines += ["Peers that did not run:", "", *notes, ""]
     if data["failed"]:
@@ -398,14 +465,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     args.work = args.work.resolve()
     if args.time:
-        record = time_model(args.work, args.time, args.repeats)
+        record = time_model(args.work, args.time, args.repeats, args.alongside)
         write_json(run_dir(args.work, args.time) / "timing.json", record)
         return 0
     names = args.models or list(MODELS)
     failed: dict[str, str] = {}
     for name in [] if args.render else names:
         bench = MODELS[name]
-        if finished(args.work, bench, args.budget, args.trials):
+        if finished(args.work, bench, args.budget, args.trials, args.tune_args):
             print(f"{name}: done before, kept", flush=True)
             continue
         try:

@@ -63,3 +63,62 @@ def test_a_model_timed_with_the_cores_apart_is_timed_again(tmp_path, bench_on_pa
     ]:
         write_json(path, {**record, **timing})
         assert vs_runtimes.finished(tmp_path, bench, 480.0, 5000) is finished, timing
+
+
+def test_a_model_tuned_with_other_tune_args_is_not_finished(tmp_path, bench_on_path):
+    """A compilation option weighed with --tune-args lives in a work directory of its own, but
+    a result there tuned with other options (or none) must not pass for one tuned with these."""
+    import vs_runtimes
+    from searchbench.layout import today_defaults, write_json
+    from searchbench.models import MODELS
+
+    bench = MODELS["squeeze_fire"]
+    record = {"budget_s": 480.0, "trials_budget": 5000, "source_sha1": bench.source_sha1(),
+              "gradient_config": today_defaults(), "timing": {"state": "near"}}  # fmt: skip
+    path = vs_runtimes.result_path(tmp_path, bench.name)
+    nchwc = ["--conv-layout", "NCHWc"]
+    for recorded, asked, finished in [
+        (None, [], True),  # recorded before results named their tune args
+        (nchwc, nchwc, True),
+        (nchwc, [], False),
+        (None, nchwc, False),
+        (["--conv-layout", "NHWC"], nchwc, False),
+    ]:
+        write_json(path, {**record, **({"tune_args": recorded} if recorded else {})})
+        done = vs_runtimes.finished(tmp_path, bench, 480.0, 5000, asked)
+        assert done is finished, (recorded, asked)
+
+
+def test_bad_tune_args_or_alongside_fail_in_one_line_before_any_tune(tmp_path):
+    for extra, says in [
+        (["--tune-args", "--conv-layout 'NCHWc"], "--tune-args"),
+        (["--alongside", str(tmp_path / "missing")], "is not a directory"),
+    ]:
+        done = subprocess.run(
+            [sys.executable, str(BENCH / "vs_runtimes.py"), "--work", str(tmp_path / "w"),
+             "--models", "squeeze_fire", *extra],
+            capture_output=True, text=True, timeout=120, cwd=ROOT,
+        )  # fmt: skip
+        assert done.returncode == 2, done.stderr
+        assert says in done.stderr.strip().splitlines()[-1]
+        assert not (tmp_path / "w").exists()
+
+
+def test_the_markdown_names_the_tune_args_and_the_library_timed_alongside(bench_on_path):
+    import vs_runtimes
+
+    peers = {p: {"ms": 0.2, "error": None}
+             for p in ("ONNX Runtime", "torch.compile", "PyTorch eager")}  # fmt: skip
+    row = {"zoo_model": "resnet18_like", "tuned_at": "abc1234", "trials": 600,
+           "tuned_ms": 0.18, "peers": peers, "vs_ort": 0.9, "vs_torch_compile": 0.9,
+           "vs_eager": 0.9, "timing": {"state": "near"}, "loadavg_before": [1.0, 1.0, 1.0],
+           "alongside": "/w/default", "alongside_ms": 0.2, "vs_alongside": 0.9,
+           "groups": []}  # fmt: skip
+    machine = {"cpu": "AMD EPYC", "logical_cores": 2, "target": {"kind": "llvm"}}
+    data = {"commit": "abc1234", "machine": machine, "budget_s": 480.0, "trials_budget": 5000,
+            "tune_args": ["--conv-layout", "NCHWc"], "partial": False, "failed": {},
+            "models": {"resnet18_like": row}, "geomean_vs_ort": 0.9,
+            "geomean_vs_torch_compile": 0.9}  # fmt: skip
+    text = vs_runtimes.markdown(data)
+    assert "`gradtune tune --time-budget 480 --trials 5000 --conv-layout NCHWc`" in text
+    assert "- resnet18_like: 0.180 against 0.200 ms (/w/default): 0.90" in text

@@ -718,3 +718,69 @@ def test_ensemble_ei_and_contextual_explore_choose_the_batch(llvm_target, small_
     assert isinstance(search._scale, Scale)
     with pytest.raises(ValueError, match="ensemble"):
         make_strategy("gradient", config=GradientConfig(acquisition="ei"))
+
+
+def test_rank_share_puts_the_highest_at_one_and_ties_on_their_mean():
+    from gradtune.search.gradient_search import rank_share
+
+    assert rank_share(np.array([0.2, 5.0, -1.0])).tolist() == [0.5, 1.0, 0.0]
+    assert rank_share(np.array([3.0, 3.0, 1.0])).tolist() == [0.75, 0.75, 0.0]
+    assert rank_share(np.array([7.0])).tolist() == [1.0]
+
+
+def test_ranker_blend_ranks_the_descents_picks_by_the_trained_ranker_too(
+    llvm_target, small_cnn_conv
+):
+    """``ranker_blend=1``: once the run has measured ``RANKER_TRAINED_AT`` programs, the
+    descent's picks are the candidates the task scheduler's cost model ranks best, not the
+    MLP's; before that, and at the default 0, the ranker is not asked. The round logs how
+    well the ranker ranked the picks it was asked about."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import RANKER_TRAINED_AT, GradientConfig
+
+    class Reversed:
+        """A ranker that scores the MLP's favourites worst: its own order must win."""
+
+        def __init__(self):
+            self.asked, self.n = 0, 0
+
+        def predict(self, context, candidates):
+            self.asked, self.n = self.asked + 1, len(candidates)
+            return np.arange(self.n, dtype=float)  # the last candidate best
+
+    with pytest.raises(ValueError, match="ranker_blend"):
+        search_on(small_cnn_conv, llvm_target, GradientConfig(ranker_blend=1.5))
+    for blend, trained in [(0.0, True), (1.0, False), (1.0, True)]:
+        config = GradientConfig(seeds=4, steps=4, evolutionary_explore=False,
+                                structural_variants=0, ranker_blend=blend,
+                                build_at_first_batch=False)  # fmt: skip
+        search, session, context = search_on(small_cnn_conv, llvm_target, config)
+        search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase())
+        search.ranker = ranker = Reversed()
+        session.measured = RANKER_TRAINED_AT if trained else 0
+        seen = {}
+        pick = search._pick
+
+        def spy(fresh, count, pick=pick, seen=seen):
+            seen["fresh"] = len(fresh)
+            return pick(fresh, count)
+
+        search._pick = spy
+        candidates = search.generate_measure_candidates()
+        assert ranker.asked == (1 if blend > 0 and trained else 0), (blend, trained)
+        assert seen["fresh"] > len(candidates)  # there was a choice to make
+        results = [ms.runner.RunnerResult(run_secs=[1e-3 * (1 + i)], error_msg=None)
+                   for i in range(len(candidates))]  # fmt: skip
+        search.notify_runner_results(candidates, results)
+        round_ = session.take(small_cnn_conv.name)
+        assert round_.reranked is (ranker.asked == 1)
+        if round_.reranked:
+            # The picks but the last (the explore share, drawn from the rest) are the
+            # candidates the ranker scored best, best first; measured fastest first, so the
+            # ranker ranked the batch perfectly.
+            n, exploit = ranker.n, len(candidates) - 1
+            assert search._picked_ranker[:exploit] == [float(n - 1 - i) for i in range(exploit)]
+            assert round_.ranker_spearman == pytest.approx(1.0)
+        else:
+            assert math.isnan(round_.ranker_spearman)

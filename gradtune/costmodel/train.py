@@ -92,7 +92,8 @@ def fit(
     return history
 
 
-def _ranks(values: np.ndarray) -> np.ndarray:
+def ranks(values: np.ndarray) -> np.ndarray:
+    """0-based ranks of ``values`` (the smallest 0), ties sharing the mean of their places."""
     order = np.argsort(values, kind="stable")
     ranks = np.empty(len(values))
     ranks[order] = np.arange(len(values))
@@ -105,7 +106,7 @@ def _ranks(values: np.ndarray) -> np.ndarray:
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:
     """Spearman's rank correlation of ``a`` and ``b`` (NaN when either side is constant)."""
-    ra, rb = _ranks(np.asarray(a, dtype=float)), _ranks(np.asarray(b, dtype=float))
+    ra, rb = ranks(np.asarray(a, dtype=float)), ranks(np.asarray(b, dtype=float))
     denom = np.sqrt(((ra - ra.mean()) ** 2).sum() * ((rb - rb.mean()) ** 2).sum())
     return float(((ra - ra.mean()) * (rb - rb.mean())).sum() / denom) if denom else math.nan
 

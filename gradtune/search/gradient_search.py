@@ -25,7 +25,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from gradtune.costmodel.ensemble import Scale
 from gradtune.costmodel.online import OnlineCostModel
-from gradtune.costmodel.train import spearman
+from gradtune.costmodel.train import ranks, spearman
 from gradtune.measure.latency import median_seconds, result_seconds
 from gradtune.search.acquisition import contextual_epsilon, log_expected_improvement
 from gradtune.search.session import ReportingStrategy, RunSummary, SearchRound, Session
@@ -185,6 +185,19 @@ class GradientConfig(NamedTuple):
         mbconv_se 0.98× (geomean 1.035), faster in 7 of the 9 seed-paired runs; the
         repeat-to-repeat spread is larger than the gain
         (``bench/results/search_efficiency_ranked_warmup256.md``).
+    ranker_blend : float, default 0.0
+        Once the task scheduler's cost model has seen ``RANKER_TRAINED_AT`` programs
+        (MetaSchedule's XGBoost, trained from nothing on every measurement of the run), rank the
+        descent's rounded candidates by ``(1 − w) ×`` their rank by the MLP ``+ w ×`` their rank
+        by that model, instead of by the MLP alone; 0 leaves the MLP's order. Ranks, not
+        scores: the two models' scores share no scale. The descent still climbs the MLP, so
+        the candidates are the MLP's; which of them are measured is what changes. Why: the
+        MLP is a prior over every workload of its dataset, fine-tuned on a few of the task's
+        records, and within a workload's fastest quarter it ranks at a Spearman of ~0.2; the
+        XGBoost knows only this run, but all of it. In the search benchmark's Zen 4 runs
+        after 240 s, the explorer's half (evolved on the XGBoost) held the batch's best in
+        58 of bert_block's 72 rounds, 33 of squeeze_fire's 52 and 22 of transformer_encoder's
+        35; before 240 s the descent's half led on the CNNs (35 of 57 on squeeze_fire).
     split_by_wins : bool, default False
         Set the explorer's share of a batch (in place of ``evolved``) to how often its
         programs beat the descent's, within ``split_bounds``: over every pair of an explorer's
@@ -305,6 +318,7 @@ class GradientConfig(NamedTuple):
     explorer_in_warmup: bool = True
     random_warmup: bool = True
     ranked_warmup: int = 256
+    ranker_blend: float = 0.0
     split_by_wins: bool = False
     split_bounds: tuple[float, float] = (0.25, 0.75)
     explorer_every: int = 1
@@ -367,6 +381,8 @@ class GradientSearch(ReportingStrategy):
             raise ValueError(
                 f"explorer_time_share must be in [0, 1), not {self.config.explorer_time_share}"
             )
+        if not 0.0 <= self.config.ranker_blend <= 1.0:
+            raise ValueError(f"ranker_blend must be in [0, 1], not {self.config.ranker_blend}")
         if self.config.explorer_every < 1:
             raise ValueError(f"explorer_every must be at least 1, not {self.config.explorer_every}")
         if self.config.batches_per_evolution < 1:
@@ -417,6 +433,11 @@ class GradientSearch(ReportingStrategy):
         self._last_descent_s = 0.0
         self._last_predicted = 0.0
         self._pending_scores: list[float] = []
+        # The ranker's predictions of the descent's picks (NaN where it gave none): how well
+        # it would have ranked the batch (``SearchRound.ranker_spearman``).
+        self._pending_ranker: list[float] = []
+        self._reranked = False  # whether the descent's picks were ranked with the ranker too
+        self._picked_ranker: list[float] = []  # of ``_pick``'s picks, in their order
         self._handed_over = 0.0
         # The round's acquisition context (``_calibrate``): the members' scale over random
         # programs, the incumbent's μ, the explore share, and the members dropped for a
@@ -594,6 +615,7 @@ class GradientSearch(ReportingStrategy):
         variants = [] if first else self._variants(room, taken)
         taken |= {(k, decision_key(d)) for k, d, _ in variants}
         self._structural = len(variants)
+        self._picked_ranker, self._reranked = [], False
         picks = self._search(count - len(explored) - len(variants), exclude=taken) + variants
         self.session.refund(count - len(picks) - len(explored))
         self._last_search_s = time.perf_counter() - start
@@ -602,6 +624,8 @@ class GradientSearch(ReportingStrategy):
         args_info = ms.arg_info.ArgInfo.from_prim_func(self.context.mod["main"])
         self._pending = [(k, d) for k, d, _ in picks] + [(k, d) for _, k, d in explored]
         self._pending_scores = [score for _, _, score in picks] + [math.nan] * len(explored)
+        # The descent's picks come first in ``picks``, then the variants (not ranked).
+        self._pending_ranker = self._picked_ranker + [math.nan] * (len(variants) + len(explored))
         self._explored = len(explored)
         self._handed_over = time.perf_counter()
         self.batches += 1
@@ -753,6 +777,15 @@ class GradientSearch(ReportingStrategy):
         if self.config.split_by_wins and self._explored and not self._sampled:
             self.session.compare_halves(median_s[:split], median_s[split:])
         programs, latencies, predicted, measured = [], [], [], []
+        by_ranker = [
+            (r, s) for r, s in zip(self._pending_ranker, median_s, strict=False)
+            if math.isfinite(r) and math.isfinite(s)
+        ]  # fmt: skip
+        ranker_rho = (
+            spearman(np.asarray([r for r, _ in by_ranker]), -np.asarray([s for _, s in by_ranker]))
+            if len(by_ranker) >= 3
+            else math.nan
+        )
         for (k, decisions), score, secs in zip(
             self._pending, self._pending_scores, median_s, strict=False
         ):
@@ -784,6 +817,8 @@ class GradientSearch(ReportingStrategy):
                 descent_s=self._last_descent_s,
                 measure_s=measure_s,
                 prediction_spearman=rho,
+                ranker_spearman=ranker_rho,
+                reranked=self._reranked,
                 finetune_loss=loss,
                 dropped_seeds=self.summary.nan_seeds,
                 evolved=self._explored,
@@ -929,27 +964,27 @@ class GradientSearch(ReportingStrategy):
 
     def _pick(self, fresh: list, count: int) -> list[tuple[int, dict, float]]:
         """Re-score every rounded candidate at its integer point; best first, plus exploration."""
-        by_sketch: dict[int, list[tuple[dict, int]]] = {}
+        by_sketch: dict[int, list[tuple[dict, int, Any]]] = {}
         for k, decisions, sid in fresh:
             probe = self.sketches[k].replay(decisions)
             if probe is None or not probe.valid:  # rejected by a postprocessor or GPU limits
                 continue
-            by_sketch.setdefault(k, []).append((decisions, sid))
+            by_sketch.setdefault(k, []).append((decisions, sid, probe))
         scored = []
         for k, entries in by_sketch.items():
             sym = self.sketches[k]
             # One pass over all of a sketch's candidates (their cases compiled together) rather
             # than one evaluation per candidate: integer points encode and round back exactly.
-            points = torch.tensor(np.stack([sym.variables.encode(d) for d, _ in entries]))
+            points = torch.tensor(np.stack([sym.variables.encode(d) for d, _, _ in entries]))
             with torch.no_grad():
                 feats = sym.features(points, "smooth", refit=False)
-            for (d, sid), f in zip(entries, feats, strict=True):
+            for (d, sid, probe), f in zip(entries, feats, strict=True):
                 if f is not None and torch.isfinite(f).all():
-                    scored.append((k, d, f.to(torch.float32), sid))
+                    scored.append((k, d, f.to(torch.float32), sid, probe))
         if not scored:
             return []
         with torch.no_grad():
-            scores = self._acquire([f for _, _, f, _ in scored]).numpy()
+            scores = self._acquire([c[2] for c in scored]).numpy()
         finite = np.isfinite(scores)
         if not finite.all():
             # A prediction that is NaN/inf says nothing: drop it (counted), keep the rest.
@@ -958,7 +993,15 @@ class GradientSearch(ReportingStrategy):
             scores = scores[finite]
             if not scored:
                 return []
-        order = list(np.argsort(-scores))
+        w = self.config.ranker_blend
+        # Only when blending: the ranker's features cost ~ms per candidate, every round.
+        ranker = self._ranker_scores([c[4] for c in scored]) if w > 0 else None
+        if ranker is not None and len(scored) > count:
+            blended = (1 - w) * rank_share(scores) + w * rank_share(ranker)
+            order = list(np.argsort(-blended, kind="stable"))
+            self._reranked = True
+        else:
+            order = list(np.argsort(-scores))
         if self.config.per_seed_first:
             firsts, seen = [], set()
             for i in order:
@@ -973,7 +1016,19 @@ class GradientSearch(ReportingStrategy):
         rest = order[count - explore :]
         chosen = exploit + list(self.rng.permutation(rest)[:explore]) if rest else exploit
         self._last_predicted = float(scores.max())
+        self._picked_ranker = [math.nan if ranker is None else float(ranker[i]) for i in chosen]
         return [(scored[i][0], scored[i][1], float(scores[i])) for i in chosen]
+
+    def _ranker_scores(self, probes: list[Any]) -> np.ndarray | None:
+        """The task scheduler's cost model's scores of these replayed programs (higher =
+        faster), once it has seen ``RANKER_TRAINED_AT`` programs; None before, without one, or
+        where any score is not finite."""
+        if self.ranker is None or self.session.measured < RANKER_TRAINED_AT or not probes:
+            return None
+        args_info = ms.arg_info.ArgInfo.from_prim_func(self.context.mod["main"])
+        candidates = [ms.MeasureCandidate(p.schedule, args_info) for p in probes]
+        scores = np.asarray(self.ranker.predict(self.context, candidates), dtype=float)
+        return scores if np.isfinite(scores).all() else None
 
     # -- AdaTune's acquisition (acquisition="ei", contextual_explore) ---------------------------
     def _acquire(self, programs: list[torch.Tensor]) -> torch.Tensor:
@@ -1029,6 +1084,14 @@ class GradientSearch(ReportingStrategy):
             if feats is not None and torch.isfinite(feats).all():
                 return feats.detach().to(torch.float32)
         return None
+
+
+def rank_share(scores: np.ndarray) -> np.ndarray:
+    """Each score's rank among ``scores`` as a share in [0, 1]: 1 for the highest, 0 for the
+    lowest, ties the mean of their places (so two models' orders can be averaged)."""
+    if len(scores) < 2:
+        return np.ones(len(scores))
+    return ranks(np.asarray(scores, dtype=float)) / (len(scores) - 1.0)
 
 
 def trace_signature(trace: Any, length: int) -> str:

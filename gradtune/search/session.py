@@ -81,6 +81,12 @@ class SearchRound:
         (``GradientConfig.structural_variants``).
     structural_best_us : float, default inf
         The batch's best median latency among those variants.
+    ranker_spearman : float, default NaN
+        As ``prediction_spearman``, for the task scheduler's cost model's predictions of the
+        descent's picks (not the variants), before it learns of this batch: NaN until it has
+        seen ``RANKER_TRAINED_AT`` programs.
+    reranked : bool, default False
+        Whether the descent's picks were ranked with it too (``GradientConfig.ranker_blend``).
     """
 
     predicted_best: float
@@ -103,6 +109,8 @@ class SearchRound:
     evolved_best_us: float = math.inf
     structural: int = 0
     structural_best_us: float = math.inf
+    ranker_spearman: float = math.nan
+    reranked: bool = False
 
 
 @dataclass

@@ -198,6 +198,9 @@ class GradientConfig(NamedTuple):
         after 240 s, the explorer's half (evolved on the XGBoost) held the batch's best in
         58 of bert_block's 72 rounds, 33 of squeeze_fire's 52 and 22 of transformer_encoder's
         35; before 240 s the descent's half led on the CNNs (35 of 57 on squeeze_fire).
+        Measured at 0.5 on squeeze_fire (Zen 5, 3 repeats, timed side by side with 0): 0.87×,
+        better on one seed of three, and the XGBoost ranked the picks no better than the MLP
+        (``bench/results/search_efficiency_znver5_2threads_alone_ranker_blend0.5.md``).
     split_by_wins : bool, default False
         Set the explorer's share of a batch (in place of ``evolved``) to how often its
         programs beat the descent's, within ``split_bounds``: over every pair of an explorer's

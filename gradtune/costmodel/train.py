@@ -95,13 +95,13 @@ def fit(
 def ranks(values: np.ndarray) -> np.ndarray:
     """0-based ranks of ``values`` (the smallest 0), ties sharing the mean of their places."""
     order = np.argsort(values, kind="stable")
-    ranks = np.empty(len(values))
-    ranks[order] = np.arange(len(values))
+    out = np.empty(len(values))
+    out[order] = np.arange(len(values))
     # Average the ranks of ties so constant predictions do not look ordered.
     for v in np.unique(values):
         tie = values == v
-        ranks[tie] = ranks[tie].mean()
-    return ranks
+        out[tie] = out[tie].mean()
+    return out
 
 
 def spearman(a: np.ndarray, b: np.ndarray) -> float:

@@ -780,17 +780,9 @@ class GradientSearch(ReportingStrategy):
         if self.config.split_by_wins and self._explored and not self._sampled:
             self.session.compare_halves(median_s[:split], median_s[split:])
         programs, latencies, predicted, measured = [], [], [], []
-        by_ranker = [
-            (r, s) for r, s in zip(self._pending_ranker, median_s, strict=False)
-            if math.isfinite(r) and math.isfinite(s)
-        ]  # fmt: skip
-        ranker_rho = (
-            spearman(np.asarray([r for r, _ in by_ranker]), -np.asarray([s for _, s in by_ranker]))
-            if len(by_ranker) >= 3
-            else math.nan
-        )
-        for (k, decisions), score, secs in zip(
-            self._pending, self._pending_scores, median_s, strict=False
+        by_ranker, ranker_measured = [], []
+        for (k, decisions), score, ranked, secs in zip(
+            self._pending, self._pending_scores, self._pending_ranker, median_s, strict=False
         ):
             if decisions is None:  # an explorer's program outside the modelled sketches
                 continue
@@ -799,15 +791,17 @@ class GradientSearch(ReportingStrategy):
                 if math.isfinite(score):  # the explorer's picks were not scored by the MLP
                     predicted.append(score)
                     measured.append(secs)
+                if math.isfinite(ranked):
+                    by_ranker.append(ranked)
+                    ranker_measured.append(secs)
                 self.history.append((secs, k, decisions))
                 feats = self.sketches[k].features_at(decisions, "smooth", refit=False)
                 if feats is not None and torch.isfinite(feats).all():
                     programs.append(feats.detach().to(torch.float32))
                     latencies.append(secs)
-        # Scored before fine-tuning on this batch: how well the model predicted it. Two points
-        # always correlate ±1, which says nothing.
-        enough = len(predicted) >= 3
-        rho = spearman(np.asarray(predicted), -np.asarray(measured)) if enough else math.nan
+        # Scored before fine-tuning on this batch: how well each model predicted it.
+        rho = batch_spearman(predicted, measured)
+        ranker_rho = batch_spearman(by_ranker, ranker_measured)
         task = str(self.context.task_name)
         loss = self.cost_model.observe(task, programs, latencies)
         variants_s = median_s[split - self._structural : split]  # the descent's picks end so
@@ -1087,6 +1081,14 @@ class GradientSearch(ReportingStrategy):
             if feats is not None and torch.isfinite(feats).all():
                 return feats.detach().to(torch.float32)
         return None
+
+
+def batch_spearman(scores: list[float], seconds: list[float]) -> float:
+    """How well ``scores`` (higher = predicted faster) ranked a batch's measured ``seconds``;
+    NaN below 3 points, since two points always correlate ±1, which says nothing."""
+    if len(scores) < 3:
+        return math.nan
+    return spearman(np.asarray(scores), -np.asarray(seconds))
 
 
 def rank_share(scores: np.ndarray) -> np.ndarray:

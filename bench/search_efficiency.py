@@ -80,8 +80,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "are the default configuration's, copied in where they are finished)",
     )  # fmt: skip
     parser.add_argument(
-        "--measure", default="fixed", choices=["fixed", "adaptive"],
-        help="how candidates are timed (gradtune tune --measure); adaptive runs live apart",
+        "--measure", default="fixed", choices=["fixed", "adaptive", "handoff"],
+        help="how candidates are timed (gradtune tune --measure), both searchers' runs; "
+        "runs not fixed live apart",
     )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render", action="store_true", help="only re-analyse saved results")
@@ -168,7 +169,7 @@ def versus(args: argparse.Namespace, layout: Layout) -> int:
     from searchbench.timing import final_libraries, time_versus
 
     if not args.gradient_config and args.measure == "fixed":
-        print("search_efficiency: --versus compares a --gradient-config (or --measure adaptive) "
+        print("search_efficiency: --versus compares a --gradient-config (or a --measure) "
               "with the default configuration", file=sys.stderr)  # fmt: skip
         return 2
     layouts = {"default": Layout(layout.work, layout.budget)}

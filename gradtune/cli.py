@@ -193,7 +193,9 @@ def add_run_options(parser: argparse.ArgumentParser) -> None:
         "--measure",
         default="fixed",
         choices=MEASURE_MODES,
-        help="time candidates fixed (3 × 3 runs, ≥ 20 ms each) or adaptively (until stable)",
+        help="time candidates fixed (3 × 3 runs, ≥ 20 ms each), adaptively (until stable) or "
+        "handoff (3 × 15 single runs, each after the thread pool rewrote the input, as the "
+        "previous kernel leaves it in an inference; CPU only)",
     )
     parser.add_argument(
         "--confirm",

@@ -147,10 +147,14 @@ def make_job(target: str | None = None, **settings: Any) -> TuneJob:
 
 
 def check_lowering(job: TuneJob) -> None:
-    """Refuse lowering options the resolved target cannot take."""
+    """Refuse lowering and measuring options the resolved target cannot take."""
     from .partition import Lowering
+    from .target import is_gpu
 
     Lowering(**job.lowering_options()).check_target(job.target.get("kind"))
+    if job.measure == "handoff" and is_gpu(job.target):
+        # A GPU kernel's input is in device memory, not in a core's cache.
+        raise GradtuneError("--measure handoff times CPU kernels only; use fixed or adaptive")
 
 
 def fresh_out_dir(model: str, root: str | Path = "runs") -> str:

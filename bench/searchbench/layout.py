@@ -98,8 +98,8 @@ class Layout:
     gradient_config : str, default ""
         An ablation of the gradient search (``GradientConfig`` fields, ``elite=0.5,steps=32``);
         its runs live apart from the default configuration's (``<budget>s-<config>``).
-    measure : {"fixed", "adaptive"}, default "fixed"
-        How candidates are timed (``gradtune tune --measure``); adaptive runs live apart too.
+    measure : {"fixed", "adaptive", "handoff"}, default "fixed"
+        How candidates are timed (``gradtune tune --measure``); runs not fixed live apart too.
     """
 
     work: Path

@@ -63,7 +63,7 @@ from tvm.s_tir.meta_schedule.runner.rpc_runner import default_run_evaluator
 Signature = tuple[str, ...]  # a candidate's arguments, one JSON ArgInfo each
 
 # Why a candidate's timing stopped (the ledger's "stop" field).
-CONVERGED, SLOW, CAP, FIXED = "converged", "slow", "cap", "fixed"
+CONVERGED, SLOW, CAP, FIXED, HANDOFF = "converged", "slow", "cap", "fixed", "handoff"
 
 
 class AdaptiveSettings(NamedTuple):
@@ -361,7 +361,7 @@ class MeasuredRunner(PyRunner):
     rpc_runner : RPCRunner
         The runner doing the work (its ``f_run_evaluator`` is set here).
     mode : str
-        ``fixed`` or ``adaptive``.
+        ``fixed``, ``adaptive`` or ``handoff`` (``measure/handoff.py``).
     settings : AdaptiveSettings
         The adaptive evaluator's settings.
     task_best : callable or None
@@ -388,6 +388,12 @@ class MeasuredRunner(PyRunner):
         weakref.finalize(self, remove_file, self.ledger)
         if mode == "fixed":
             rpc_runner.f_run_evaluator = functools.partial(fixed_run_evaluator, ledger=self.ledger)
+        elif mode == "handoff":
+            from .handoff import handoff_run_evaluator
+
+            rpc_runner.f_run_evaluator = functools.partial(
+                handoff_run_evaluator, ledger=self.ledger
+            )
 
     def run(self, runner_inputs: list[Any]) -> list[Any]:
         if self.mode == "adaptive":

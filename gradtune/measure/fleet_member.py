@@ -30,6 +30,9 @@ def serve_tracker(host: str, port: int, port_end: int) -> None:
 
 
 def serve_server(host: str, port: int, port_end: int, tracker_addr: str, key: str) -> None:
+    from . import handoff
+
+    handoff.register()  # each session's fork inherits it: ``--measure handoff``'s preprocessing
     tracker_host, _, tracker_port = tracker_addr.rpartition(":")
     while not port_open(tracker_host, int(tracker_port)):
         time.sleep(0.1)  # the fleet's owner stops this process if the tracker never listens

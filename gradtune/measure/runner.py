@@ -28,7 +28,9 @@ class MeasureSettings:
         tracker unreachable) before the run stops, resumable, instead of waiting for one.
     mode : str, default "fixed"
         ``fixed`` (TVM's evaluator with the settings above) or ``adaptive`` (micro-batches
-        until the timing settles, ``measure/adaptive.py``; number/repeat/min_repeat_ms unused).
+        until the timing settles, ``measure/adaptive.py``; number/repeat/min_repeat_ms unused)
+        or ``handoff`` (single runs, each after the pool rewrote the input, in ``repeat``
+        groups, ``measure/handoff.py``; a CPU's fleet of gradtune's servers only).
     """
 
     number: int = 3
@@ -40,7 +42,7 @@ class MeasureSettings:
     mode: str = "fixed"
 
 
-MEASURE_MODES = ("fixed", "adaptive")
+MEASURE_MODES = ("fixed", "adaptive", "handoff")
 
 
 def make_rpc_runner(

@@ -19,6 +19,9 @@ round by round:
   ``enable_cpu_cache_flush`` times): weights, a residual's skip and the output come from
   memory, the input from the previous kernel warm. In a whole inference each kernel's weights
   were last touched one inference ago, so this bounds the cache's part from above.
+- **handoff**: the same kernels, each run singly right after the thread pool rewrote its first
+  argument (``gradtune tune --measure handoff``'s timing, ``gradtune.measure.handoff``): the
+  input as the previous kernel leaves it, in other cores' caches, split the pool's way.
 
 ``e2e - kernels`` is what running them as one program adds: the VM's interpretation and
 builtins, the thread pool's launch and join around each parallel kernel, and caches that a
@@ -28,11 +31,13 @@ with the cores apart the difference grows. So the cross-core probe (``gradtune.c
 reads the thread pool before the first round and after each, and only the rounds with the
 cores as near as the fastest probe of any pass count (every round of a pass that had none);
 the table says in how many passes they did. An e2e nearer flushed than kernels is cache
-state rather than the runtime. With ``--perf`` (Linux ``perf`` with the software
-``cpu-clock`` event; no hardware counters needed), each pass also samples the e2e loop and
-splits its samples by where they ran: the library's kernels (``model.so``), TVM's runtime and
-FFI (VM, allocators, thread pool), the OS kernel (scheduling, a worker's yields, page
-faults), libc and the rest.
+state rather than the runtime. With three libraries or more, a last line per thread count
+says how well each way of timing the kernels orders the libraries as their inference does
+(Spearman): the order a search needs its timings to get right. With ``--perf`` (Linux
+``perf`` with the software ``cpu-clock`` event; no hardware counters needed), each pass also
+samples the e2e loop and splits its samples by where they ran: the library's kernels
+(``model.so``), TVM's runtime and FFI (VM, allocators, thread pool), the OS kernel
+(scheduling, a worker's yields, page faults), libc and the rest.
 
     .venv/bin/python bench/vm_breakdown.py RUN_DIR [RUN_DIR ...] [--threads 1 2] [--perf]
 
@@ -61,6 +66,7 @@ from tuned_library import check_timing_args, input_tensors, timing_parser
 
 from gradtune import crosscore
 from gradtune.compilation import Timing
+from gradtune.measure import handoff
 
 MIN_SECONDS = 0.05  # per timed block: long enough that timer and scheduler noise are small
 PERF_SECONDS = 3.0
@@ -161,22 +167,33 @@ def time_library(run: Path, rounds: int, with_perf: bool) -> dict[str, Any]:
             )(*call_args).mean
         )
 
+    def handoff_timer(symbol: str, call_args: list[Any]) -> Any:
+        evaluator = kernels_mod.time_evaluator
+        return lambda n: (
+            evaluator(symbol, dev, number=1, repeat=n, f_preproc=handoff.PREPROC)(*call_args).mean
+        )
+
+    handoff.register()
     timers = [kernel_timer(s, a) for s, a in kernel_calls]
     counts = [repeats_for(t) for t in timers]
     flushed = [flushed_timer(s, a) for s, a in kernel_calls]
     flushed_counts = [repeats_for(t) for t in flushed]
+    handed = [handoff_timer(s, a) for s, a in kernel_calls]
+    handed_counts = [repeats_for(t) for t in handed]
     n_e2e = repeats_for(e2e_timer)
     probe = crosscore.LinkProbe()
-    e2e, summed, summed_flushed, link_ns = [], [], [], [probe()]
+    e2e, summed, summed_flushed, summed_handoff, link_ns = [], [], [], [], [probe()]
     for _ in range(rounds):
         e2e.append(e2e_timer(n_e2e) * 1e6)
         summed.append(sum(t(n) for t, n in zip(timers, counts, strict=True)) * 1e6)
         summed_flushed.append(sum(t(n) for t, n in zip(flushed, flushed_counts, strict=True)) * 1e6)
+        summed_handoff.append(sum(t(n) for t, n in zip(handed, handed_counts, strict=True)) * 1e6)
         link_ns.append(probe())
     record: dict[str, Any] = {
         "e2e_us": e2e,
         "kernels_us": summed,
         "kernels_flushed_us": summed_flushed,
+        "kernels_handoff_us": summed_handoff,
         "link_ns": link_ns,
         "kernel_calls": len(kernel_calls),
         "builtin_calls": len(calls) - len(kernel_calls),
@@ -198,6 +215,7 @@ def summarize(per: list[dict[str, Any]]) -> dict[str, Any]:
                 "e2e_us": p["e2e_us"],
                 "kernels_us": p["kernels_us"],
                 "kernels_flushed_us": p["kernels_flushed_us"],
+                "kernels_handoff_us": p["kernels_handoff_us"],
                 # Round by round: the two are timed back to back, in the same state.
                 "overhead_us": [a - b for a, b in zip(p["e2e_us"], p["kernels_us"], strict=True)],
             },
@@ -207,20 +225,41 @@ def summarize(per: list[dict[str, Any]]) -> dict[str, Any]:
         for p in per
     ]
     medians = [t.medians() for t in timings]
-    e2e, kernels, flushed, over = (
+    e2e, kernels, flushed, handed, over = (
         statistics.median(m[name] for m in medians)
-        for name in ("e2e_us", "kernels_us", "kernels_flushed_us", "overhead_us")
-    )
+        for name in (
+            "e2e_us", "kernels_us", "kernels_flushed_us", "kernels_handoff_us", "overhead_us"
+        )
+    )  # fmt: skip
     return {
         "e2e_us": round(e2e, 2),
         "kernels_us": round(kernels, 2),
         "kernels_flushed_us": round(flushed, 2),
+        "kernels_handoff_us": round(handed, 2),
         "overhead_us": round(over, 2),
         "overhead_share": round(over / e2e, 4),
         "kernel_calls": per[0]["kernel_calls"],
         "builtin_calls": per[0]["builtin_calls"],
         "states": [t.state() for t in timings],
     }
+
+
+def timing_orders(summary: dict[str, dict[int, dict[str, Any]]], count: int) -> dict[str, float]:
+    """Per way of timing the kernels (alone, flushed, handoff), the Spearman between the
+    libraries' kernel sums and their e2e at ``count`` threads; {} below three libraries."""
+    from scipy.stats import spearmanr
+
+    rows = [threads[count] for threads in summary.values()]
+    if len(rows) < 3:
+        return {}
+    e2e = [r["e2e_us"] for r in rows]
+    return {
+        name: round(float(spearmanr(e2e, [r[key] for r in rows])[0]), 3)
+        for name, key in (
+            ("alone", "kernels_us"), ("flushed", "kernels_flushed_us"),
+            ("handoff", "kernels_handoff_us"),
+        )
+    }  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -252,11 +291,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"pass {k + 1}/{args.passes} done", file=sys.stderr)
     summary: dict[str, dict[int, dict[str, Any]]] = {}
     print(
-        "| library | threads | e2e µs | kernels µs | flushed µs | e2e − kernels µs | share | calls "
+        "| library | threads | e2e µs | kernels µs | flushed µs | handoff µs | e2e − kernels µs | "
+        "share | calls "
         "kernels / builtins | passes near | perf: kernels / tvm runtime / os kernel / libc / "
         "other |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     for run in args.runs:
         for count in args.threads:
             per = [p[run.name] for p in passes[count]]
@@ -273,10 +313,17 @@ def main(argv: list[str] | None = None) -> int:
             summary.setdefault(run.name, {})[count] = row
             near = row["states"].count(crosscore.NEAR)
             print(f"| {run.name} | {count} | {e2e:.1f} | {kernels:.1f} | "
-                  f"{row['kernels_flushed_us']:.1f} | {over:.1f} | "
+                  f"{row['kernels_flushed_us']:.1f} | {row['kernels_handoff_us']:.1f} | "
+                  f"{over:.1f} | "
                   f"{over / e2e:.0%} | {row['kernel_calls']} / {row['builtin_calls']} | "
                   f"{near} of {len(row['states'])} | {shares} |")  # fmt: skip
-    print(json.dumps({"libraries": summary, "commit": git_commit()}))
+    orders = {count: timing_orders(summary, count) for count in args.threads}
+    for count, order in orders.items():
+        if order:
+            print(f"{count} thread(s): the kernels' sums order the {len(args.runs)} libraries as "
+                  "their inference does, Spearman: "
+                  + ", ".join(f"{name} {rho:.2f}" for name, rho in order.items()))  # fmt: skip
+    print(json.dumps({"libraries": summary, "orders": orders, "commit": git_commit()}))
     return 0
 
 

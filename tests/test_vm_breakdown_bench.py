@@ -30,6 +30,7 @@ def test_every_kernel_the_inference_calls_is_timed_alone_on_the_inference_own_te
     assert record["kernel_calls"] >= 2 and record["builtin_calls"] >= 1
     assert len(record["e2e_us"]) == len(record["kernels_us"]) == 3
     assert len(record["kernels_flushed_us"]) == 3 and min(record["kernels_flushed_us"]) > 0
+    assert len(record["kernels_handoff_us"]) == 3 and min(record["kernels_handoff_us"]) > 0
     assert len(record["link_ns"]) == 4  # a probe before the first round and after each
     assert all(k > 0 for k in record["kernels_us"]) and all(e > 0 for e in record["e2e_us"])
 
@@ -38,6 +39,7 @@ def test_only_rounds_with_the_cores_near_count_and_the_row_says_where_each_pass_
     def timed(e2e, kernels, link_ns):
         return {"e2e_us": e2e, "kernels_us": kernels, "link_ns": link_ns,
                 "kernels_flushed_us": [k * 1.5 for k in kernels],
+                "kernels_handoff_us": [k * 1.2 for k in kernels],
                 "kernel_calls": 5, "builtin_calls": 9}  # fmt: skip
 
     per = [
@@ -55,7 +57,18 @@ def test_only_rounds_with_the_cores_near_count_and_the_row_says_where_each_pass_
     assert row["states"] == ["near", "apart", "near"]
     assert (row["e2e_us"], row["kernels_us"], row["overhead_us"]) == (102, 91, 11)
     assert row["kernels_flushed_us"] == 136.5  # the same rounds' medians as the kernels
+    assert row["kernels_handoff_us"] == 109.2
     assert row["overhead_share"] == round(11 / 102, 4)
+
+
+def test_timing_orders_rank_each_way_of_timing_against_the_inference():
+    def row(e2e, alone, flushed, handed):
+        return {2: {"e2e_us": e2e, "kernels_us": alone, "kernels_flushed_us": flushed,
+                    "kernels_handoff_us": handed}}  # fmt: skip
+
+    summary = {"a": row(100, 60, 70, 80), "b": row(110, 50, 72, 90), "c": row(95, 55, 71, 75)}
+    assert vm_breakdown.timing_orders(summary, 2) == {"alone": -0.5, "flushed": 0.5, "handoff": 1.0}
+    assert vm_breakdown.timing_orders({"a": summary["a"], "b": summary["b"]}, 2) == {}
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,13 @@ weights); weights stay as the model leaves them, read by the same kernel one inf
 Each run is timed singly (``number=1``: a second run would find the input warm again), in
 ``repeat`` groups of ``RUNS_PER_GROUP``, and the record keeps each group's median.
 
+It is not the default: on a Zen 4 KVM guest (2 vCPUs), three 480 s tunes of that CNN per
+searcher timed this way spent 11-13x less device time per run, and their gradient libraries
+were 0.915x as fast end to end as those of MetaSchedule's timing, side by side
+(``bench/results/search_efficiency_znver4_2threads_alone_handoff.md``). Why is not
+measured; on that CPU the README model's inference added only 8% to its kernels timed alone
+(``bench/results/vm_breakdown_znver4.md``), so there was less for this timing to correct.
+
 The function lives in the RPC server's process: ``gradtune``'s local fleet registers it
 (``measure.fleet_member``); a remote device's server must be started the same way
 (``python -m gradtune.measure.fleet_member server ...``), or a candidate fails with a line

@@ -63,7 +63,8 @@ def resized_population(population: int, duty: float | None, share: float, ceilin
 
 class GradientConfig(NamedTuple):
     """Gradient search configuration (Felix's nSeeds and nSteps; its nMeasure is the task
-    scheduler's batch, ``trials_per_round``).
+    scheduler's batch, ``trials_per_round``). What each lever was measured to do, and why its
+    default is what it is, is in docs/search_levers.md.
 
     Parameters
     ----------
@@ -72,8 +73,7 @@ class GradientConfig(NamedTuple):
         sketches⌉ in each, so at least one); Felix's nSeeds.
     steps : int, default 16
         Adam steps per round; fewer than Felix's 200 because 16 steps at ``lr`` already move a
-        variable by up to ~3 in log2 space (a factor of 9) from a seed, and the seeds are
-        spread over the whole constraint region.
+        variable by up to ~3 in log2 space (a factor of 9) from a seed.
     lr : float, default 0.5
         Adam's learning rate on the variables, which live in log2 space (a step of 1 doubles a
         tile factor).
@@ -84,163 +84,70 @@ class GradientConfig(NamedTuple):
         λ in O(x) = −score(features(x)) + λ · penalties(x): how hard the descent is pushed back
         into the region where points round to valid decisions.
     explore : float, default 0.125
-        Without the evolutionary explorer (``evolutionary_explore`` off, or no database and
-        cost model to run it on), the share of each batch drawn at random from the candidates
-        below the cut rather than by score (1 in 8, Felix's), a guard against the cost model's
+        Without the explorer, the share of each batch drawn at random from the candidates
+        below the cut rather than by score (Felix's 1 in 8): a guard against the cost model's
         blind spots.
     elite : float, default 0.0
         Share of the seeds started from the task's fastest measured programs (this run's and
-        the database's), each in its own sketch, instead of at random. Felix seeds at random;
-        MetaSchedule's evolutionary search starts its population from the database's best,
-        which is how it keeps improving once the cost model's ranking runs out.
+        the database's) instead of at random, as MetaSchedule's evolution starts from the
+        database's best.
     warm_elite : float, default 0.5
-        Share of the seeds of a task's first round started from the programs the database held
-        before the run (a resumed run's, or schedules a warm start transferred from another
-        model), whatever ``elite`` is: the search starts where they are.
+        Share of a task's first round's seeds started from the programs the database held
+        before the run (a resumed run's, a warm start's transferred schedules), whatever
+        ``elite`` is.
     database_online : int, default 32
         The database's fastest programs of a task the cost model is fine-tuned on before the
-        task's first round (its first online data, ahead of this run's measurements).
+        task's first round.
     per_seed_first : bool, default False
         Fill the exploited part of a batch with each seed's best-scored candidate first, then
-        by score: one trajectory's neighbouring iterates cannot take the whole batch.
+        by score, so one trajectory's neighbouring iterates cannot take the whole batch.
     evolutionary_explore : bool, default True
         Fill ``evolved`` of each batch with MetaSchedule's ``EvolutionarySearch`` (the
-        explorer), the descent the rest. It scores with the XGBoost model MetaSchedule's task
-        scheduler already trains on every measured program, and its population starts from the
-        database's fastest programs, the descent's included. The descent's MLP is smooth in
-        each feature, and the features give two decisive loop choices only as magnitudes:
-        whether a vector extent fills whole registers, and whether a kernel of a few µs is
-        better on one thread (``bench/results/search_efficiency_kernels.md``). Trees split on
-        exact feature values, and mutations move one decision at a time, so the explorer
-        reaches the programs the descent rounds past, and the descent's programs seed it. On
-        the search-efficiency benchmark's held-out models, both searchers on one CPU, the
-        hybrid is level with evolutionary search in end-to-end latency at 480 s (geomean
-        1.03×) and reaches 95% of the best-known sooner where either does
-        (``bench/results/search_efficiency_exact_math.md``, before fast math).
+        explorer), scoring with the XGBoost the task scheduler trains on every measured
+        program; the descent fills the rest. Why: the features give whether a vector fills
+        whole registers, or whether a small kernel is better on one thread, only as
+        magnitudes, which the MLP is smooth in; trees split on exact values and mutations move
+        one decision at a time, so the explorer reaches programs the descent rounds past.
     evolved : float, default 0.5
-        The explorer's share of each batch (the ablation's ``explore=0.5``).
+        The explorer's share of each batch.
     explorer_population : int, default 512
-        Population of the explorer's ``EvolutionarySearch``; each round's evolution costs time
-        in proportion to it. MetaSchedule's default, 512, is sized for its default batch of 64
-        (8 programs per pick); the explorer picks ``evolved`` of a batch, 12 of the CLI's 25.
-        On mbconv_se's four largest tasks an explorer round took 13.0 s at 512 and 3.9 s at
-        128, the descent beside it 1.8 s: at 512 the explorer is most of the search's time.
+        Population of the explorer's evolution (MetaSchedule's default); a round's evolution
+        costs time in proportion to it.
     explorer_time_share : float, default 0.0
-        Above 0: the explorer's population follows the run's clock instead of staying at
-        ``explorer_population``. After each evolution, the share of wall time the run's latest
-        evolutions took (``Session.explorer_duty``) is compared with this share: above it the
-        population halves, below half of it the population doubles, between
-        ``EXPLORER_MIN_POPULATION`` and ``explorer_population``. Why: an evolution costs time
-        in proportion to its population and to how slow the CPU is at it, which varies between
-        machines more than what its programs are worth. On an Emerald Rapids Xeon (2 cores) a
-        round's evolution at 512 took 35–57 s on the search benchmark's squeeze_fire, while
-        the descent beside it took 2–4 s and found most of the tasks' final bests, and a fixed
-        population of 128 was level (squeeze_fire) and 1.15× faster end to end (mbconv_se) at
-        480 s; on a Zen 5 an evolution took ~13 s, and 128 made bert_block slower, its largest
-        matmul short of programs scored per round
-        (``bench/results/search_efficiency_emeraldrapids_explorer_population128.md``). At
-        0.25 on a Zen 4, measured alone, the population fell to 64 within three evolutions:
-        14-46% more trials in 480 s, final libraries 2-5% slower on the three held-out models
-        (one seed; ``search_efficiency_znver4_2threads_alone_explorer_time_share0.25.md``,
-        timed before ``crosscore``: read the sizes as ±10%).
+        Above 0, the population follows the run's clock: after each evolution it halves while
+        the latest evolutions took more than this share of the wall time, and doubles while
+        they took under half of it, between ``EXPLORER_MIN_POPULATION`` and
+        ``explorer_population``.
     explorer_in_warmup : bool, default True
-        Whether the explorer fills its share of a task's first batch of the run
-        (``random_warmup``, when on, takes that share first). Its population then has at most
-        the database's programs to start from, and MetaSchedule's XGBoost
-        scores at random until it has been trained on 100 programs (``num_warmup_samples``),
-        which the first tasks' first batches do not give it. Off, that batch's explore share
-        is ``explore``, drawn at random from the descent's candidates, and the pretrained
-        model picks the rest.
+        Whether the explorer fills its share of a task's first batch; off, that batch's
+        explore share is ``explore``, drawn from the descent's candidates. Its XGBoost scores
+        at random until it has seen ``RANKER_TRAINED_AT`` programs.
     random_warmup : bool, default True
-        Fill the explorer's share of each task's first batch of the run with programs of its
-        design space whose every decision is drawn at random (MetaSchedule's ``ReplayTrace``),
-        instead of by the explorer's evolution; also when the database already holds programs
-        of the task (a warm start's transferred schedules, a resumed run's), which the descent
-        seeds from and the pretrained model fine-tunes on anyway. Evolving from them cost
-        warm-started runs of the transfer benchmark 15–77 s per first batch (mbconv_se, Emerald
-        Rapids): 321 trials in 480 s against cold tuning's 490, and a worse final estimate
-        (348 against 265 µs), where cold tuning's first batches took ~3 s to choose. That
-        evolution starts from random programs too and, until MetaSchedule's XGBoost has seen
-        100 programs, scores them at random; yet it costs up to ~40 s a round on a
-        convolution. With the explorer in the warm-up (every task's first batch), mbconv_se's
-        warm-up took 347 to 374 s of the search benchmark's 480 s, ~200 s of it choosing
-        candidates. With this and ``build_at_first_batch`` it took 159 to 161 s (unet_small
-        123–129 s, bert_block 86–92 s), and the gradient search was far ahead of evolutionary
-        search early: end to end at half the budget 0.18 against 0.59 ms on mbconv_se, 0.50
-        against 2.65 ms on unet_small (``bench/results/search_efficiency.md``). At the whole
-        budget, against the explorer in the warm-up, timed side by side: mbconv_se level,
-        unet_small 1.11× faster, bert_block 1.20× slower
-        (``bench/results/search_efficiency_random_warmupFalse_build_at_first_batchFalse.md``).
+        Fill the explorer's share of a task's first batch with programs whose every decision
+        is drawn at random (MetaSchedule's ``ReplayTrace``) instead of by an evolution, which
+        costs up to ~40 s on a convolution and, that early, ranks at random anyway.
     ranked_warmup : int, default 256
-        With ``random_warmup``: once the run has measured ``RANKER_TRAINED_AT`` programs (what
-        MetaSchedule's XGBoost needs before it stops scoring at random), draw this many random
-        programs for a task's first batch and keep the explore share's worth the task
-        scheduler's cost model ranks best, rather than the first ones drawn. Ranking costs one
-        draw and one prediction, not an evolution. 0 draws just the share. Why: on the search
-        benchmark's bert_block, the explorer's evolved first batches of the tasks searched
-        after 100 programs were 1.27× faster than the descent's (best of each half, old
-        default), on average; the random draws that replaced them were 1.09× slower. On the
-        three held-out models of the search benchmark (znver4, 3 repeats each, final libraries
-        timed side by side against 0), end to end: bert_block 1.10×, unet_small 1.03×,
-        mbconv_se 0.98× (geomean 1.035), faster in 7 of the 9 seed-paired runs; the
-        repeat-to-repeat spread is larger than the gain
-        (``bench/results/search_efficiency_ranked_warmup256.md``).
+        With ``random_warmup``, once the run has measured ``RANKER_TRAINED_AT`` programs:
+        draw this many random programs and keep the share's worth the task scheduler's cost
+        model ranks best. 0 keeps the first ones drawn.
     ranker_blend : float, default 0.0
-        Once the task scheduler's cost model has seen ``RANKER_TRAINED_AT`` programs
-        (MetaSchedule's XGBoost, trained from nothing on every measurement of the run), rank the
-        descent's rounded candidates by ``(1 − w) ×`` their rank by the MLP ``+ w ×`` their rank
-        by that model, instead of by the MLP alone; 0 leaves the MLP's order. Ranks, not
-        scores: the two models' scores share no scale. The descent still climbs the MLP, so
-        the candidates are the MLP's; which of them are measured is what changes. Why: the
-        MLP is a prior over every workload of its dataset, fine-tuned on a few of the task's
-        records, and within a workload's fastest quarter it ranks at a Spearman of ~0.2; the
-        XGBoost knows only this run, but all of it. In the search benchmark's Zen 4 runs
-        after 240 s, the explorer's half (evolved on the XGBoost) held the batch's best in
-        58 of bert_block's 72 rounds, 33 of squeeze_fire's 52 and 22 of transformer_encoder's
-        35; before 240 s the descent's half led on the CNNs (35 of 57 on squeeze_fire).
-        Measured at 0.5 on squeeze_fire (Zen 5, 3 repeats, timed side by side with 0): 0.87×,
-        better on one seed of three, and the XGBoost ranked the picks no better than the MLP
-        (``bench/results/search_efficiency_znver5_2threads_alone_ranker_blend0.5.md``).
+        Once the task scheduler's cost model has seen ``RANKER_TRAINED_AT`` programs, rank the
+        descent's candidates by ``(1 − w) ×`` their rank by the MLP ``+ w ×`` their rank by
+        that model (ranks: the two scores share no scale); 0 keeps the MLP's order.
     split_by_wins : bool, default False
-        Set the explorer's share of a batch (in place of ``evolved``) to how often its
-        programs beat the descent's, within ``split_bounds``: over every pair of an explorer's
-        and a descent's program measured in the same batch so far in the run (batches the
-        explorer evolved for), the share of pairs in which the explorer's was faster. Pairs,
-        not each half's best, so the half with more candidates gains no edge. Why: which half
-        finds a task's best differs by model: on the search benchmark's held-out models the
-        descent found 24 of mbconv_se's 45 final bests and 17 of unet_small's 33, the explorer
-        23 of bert_block's 24; a fixed half wastes batches on the weaker side either way.
-        Measured on bert_block (znver4, 3 repeats): no gain over the fixed half
-        (``bench/results/search_efficiency_split_by_winsTrue.md``).
+        Set the explorer's share of a batch to the share of same-batch pairs (an explorer's
+        program against a descent's) its programs won so far in the run, within
+        ``split_bounds``.
     split_bounds : tuple of float, default (0.25, 0.75)
         The clamp of ``split_by_wins``: each side keeps at least a quarter of a batch, so a
         side that lost early can still show it has caught up.
     explorer_every : int, default 1
-        The explorer fills its share of every ``explorer_every``-th batch of a task, from the
-        first it may fill; the descent fills the others whole, ``explore`` of them drawn at
-        random. After the warm-up, a round's evolution is most of the search's time: ~20 s on
-        one of mbconv_se's fast-sigmoid convolutions, against ~2 s for the descent. Yet at 2,
-        on a Zen 4 with batches measured alone, up to 9% more trials in 480 s gave final
-        libraries 0.83 / 0.85 / 1.03 of the default's side by side (squeeze_fire / bert_block /
-        mbconv_se, one seed; ``search_efficiency_znver4_2threads_alone_explorer_every2.md``,
-        timed before ``crosscore``: read the sizes as ±10%): the evolved programs are worth
-        their time.
+        The explorer fills its share of every ``explorer_every``-th batch of a task; the
+        descent fills the others whole, ``explore`` of them drawn at random.
     batches_per_evolution : int, default 1
-        How many of a task's batches one evolution of the explorer fills: it picks
-        ``batches_per_evolution`` shares at once, ranked by the task scheduler's cost model,
-        and the next batches of the task take the unmeasured rest of them, best first (as long
-        as they fill at least half a share; the descent fills what they do not), before it
-        evolves again. Why: after the warm-up an evolution costs the same whatever it picks
-        (its population is evolved and scored whole), and it was most of the search's time on
-        the search benchmark's held-out models (Zen 4, 480 s, the 9 default runs): 62-65% of
-        the post-warm-up seconds on squeeze_fire and mbconv_se, 44% on bert_block, against
-        ~2 s a round for the descent. ``explorer_every`` saved the time by halving the
-        explorer's programs, and the programs were worth their time; this keeps them. At 2
-        (Zen 4, 3 repeats, measured alone): 16% more trials on squeeze_fire, 5% on mbconv_se
-        (few of its post-warm-up batches return to a task), and end to end at 480 s level
-        with 1 against the same evolutionary runs (evo/grad 0.99 and 1.15, against 1.00 and
-        1.16; ``search_efficiency_znver4_2threads_alone_batches_per_evolution2.md``), so 1
-        stays the default.
+        How many of a task's batches one evolution fills: it picks that many shares at once,
+        ranked by the task scheduler's cost model, and the task's next batches take the
+        unmeasured rest, best first, before it evolves again.
     acquisition : {"score", "ei"}, default "score"
         What the descent climbs and the picks are ranked by. ``score`` is Felix's: the MLP's
         score. ``ei`` is AdaTune's: the expected improvement of the ensemble's standardized
@@ -254,54 +161,26 @@ class GradientConfig(NamedTuple):
         The clamp of the contextual ε: never fewer than 1 in 20 candidates explored (a
         confident model can still be wrong), never more than half of a batch.
     warmup : int or None, default None
-        Candidates in a task's first batch, when fewer than the task scheduler's batch.
-        The task scheduler sends every task its first batch before any task gets a second,
-        so with 15 tasks of 25 candidates no task gets a second batch until 375 programs are
-        built and run (over 4 minutes on 2 cores). A pretrained model's few best picks give
-        each task its first latency sooner. None sends the full batch.
+        Candidates in a task's first batch, when fewer than the task scheduler's batch: every
+        task gets its first batch before any gets a second, so a model of many tasks waits
+        long for its first results. None sends the full batch.
     build_at_first_batch : bool, default True
         Build a task's symbolic sketches (and its explorer) when it is first asked for a
-        batch, not in ``pre_tuning``. MetaSchedule calls every task's ``pre_tuning`` before
-        the first batch, so otherwise no program is built or measured until every task's
-        sketches are (~34 s on the search benchmark's bert_block, of a warm-up of ~130 s);
-        deferred, each task's build overlaps the measurement of the batches before it. With
-        ``random_warmup``, the first result came at 27–34 s instead of 40–72 s.
+        batch, not in ``pre_tuning``, which MetaSchedule calls for every task before the first
+        batch: each task's build then overlaps the measurement of the batches before it.
     structural_variants : int, default 3
-        Up to this many of the descent's picks of each batch after a task's first (and at
-        most a quarter of them, at least one) are instead unmeasured variants of the task's
-        fastest measured programs
-        (``STRUCTURAL_ELITES``): each one's one-thread variant and its whole-register variants
-        (``search.structural``), the latter ordered by score. On CPUs only. Why: the features
-        give the vector and parallel extents only as magnitudes, and on the search benchmark's
-        bert_block (Zen 4), 9 of evolutionary search's 12 best matmul kernels filled whole
-        registers and 11 ran on one thread, where 8 of the descent's had partial vectors and 5
-        split a few-µs kernel over threads (``bench/results/search_efficiency_kernels.md``).
-        The measurement, not the model, decides whether a variant is better. Measured on the
-        three held-out models (Emerald Rapids, 3 repeats at 480 s, final libraries timed side
-        by side with 0's): 1.23× faster on bert_block, 1.07× on mbconv_se, 0.86× on
-        squeeze_fire (its two big convolutions came out slower), geomean 1.04; against
-        evolutionary search the worst model went from 0.91× to 0.96× and the geomean from
-        1.26× to 1.33× (``bench/results/search_efficiency_emeraldrapids_structural_variants3.md``).
-        0 turns it off.
+        Up to this many of the descent's picks of each batch after a task's first (at most a
+        quarter of them, at least one) are instead unmeasured variants of the task's
+        ``STRUCTURAL_ELITES`` fastest programs: each one's one-thread variant and its
+        whole-register variants, ordered by score (``search.structural``; CPUs only). The
+        measurement, not the model, decides whether a variant is better. 0 turns it off.
     one_thread_below_us : float, default 0.0
-        Above 0: ``structural_variants`` builds the one-thread variant only of programs
+        Above 0, ``structural_variants`` builds the one-thread variant only of programs
         measured faster than this many µs (their whole-register variants still of every one).
-        Why one would: waking the second core costs a few µs, which matters to a kernel of
-        tens of µs, not of hundreds; yet on squeeze_fire (Emerald Rapids) the fire module's
-        expand convolution, ~100 µs, shipped one-thread in 2 of 3 runs, and re-timed quietly
-        one of the two was 1.4× slower than recorded
-        (``bench/results/confirm_replay_emeraldrapids_structural_variants3_k4.md``): timed
-        while the builder shares the cores, a one-thread program is the one contention
-        hurts least. Not yet benchmarked, so off.
     warmup_by_share : bool, default False
         Size a task's first batch by its share s of the model's estimated latency when the
-        search starts (weight × the default schedule's measured latency, over all n tasks;
-        ``Session.latency_shares``): ⌈n · s · batch⌉ candidates, at least 2, at most the
-        batch. Tasks of equal shares keep whole batches; a kernel that is 1% of a 15-task
-        model's time gets 4 of 25. The warm-up is most of a short budget: in the search
-        benchmark's 480 s runs of mbconv_se, 375 of ~540 trials were the 15 first batches, and
-        11 of its 15 tasks got no second. A pretrained model needs fewer programs to place a
-        small kernel than MetaSchedule's XGBoost, which starts from nothing.
+        search starts (weight × the default schedule's latency, over all n tasks;
+        ``Session.latency_shares``): ⌈n · s · batch⌉ candidates, at least 2, at most the batch.
     """
 
     seeds: int = 8

@@ -89,8 +89,8 @@ class GradientConfig(NamedTuple):
         blind spots.
     elite : float, default 0.0
         Share of the seeds started from the task's fastest measured programs (this run's and
-        the database's) instead of at random, as MetaSchedule's evolution starts from the
-        database's best.
+        the database's), each in its own sketch, instead of at random, as MetaSchedule's
+        evolution starts from the database's best.
     warm_elite : float, default 0.5
         Share of a task's first round's seeds started from the programs the database held
         before the run (a resumed run's, a warm start's transferred schedules), whatever
@@ -125,7 +125,9 @@ class GradientConfig(NamedTuple):
     random_warmup : bool, default True
         Fill the explorer's share of a task's first batch with programs whose every decision
         is drawn at random (MetaSchedule's ``ReplayTrace``) instead of by an evolution, which
-        costs up to ~40 s on a convolution and, that early, ranks at random anyway.
+        costs up to ~40 s on a convolution and, that early, ranks at random anyway; also when
+        the database already holds programs of the task (a warm start's, a resumed run's),
+        which the descent seeds from and the pretrained model fine-tunes on anyway.
     ranked_warmup : int, default 256
         With ``random_warmup``, once the run has measured ``RANKER_TRAINED_AT`` programs:
         draw this many random programs and keep the share's worth the task scheduler's cost
@@ -136,8 +138,9 @@ class GradientConfig(NamedTuple):
         that model (ranks: the two scores share no scale); 0 keeps the MLP's order.
     split_by_wins : bool, default False
         Set the explorer's share of a batch to the share of same-batch pairs (an explorer's
-        program against a descent's) its programs won so far in the run, within
-        ``split_bounds``.
+        program against a descent's, in the batches it evolved for) its programs won so far in
+        the run, within ``split_bounds``. Pairs, not each half's best, so the half with more
+        candidates gains no edge.
     split_bounds : tuple of float, default (0.25, 0.75)
         The clamp of ``split_by_wins``: each side keeps at least a quarter of a batch, so a
         side that lost early can still show it has caught up.
@@ -147,7 +150,8 @@ class GradientConfig(NamedTuple):
     batches_per_evolution : int, default 1
         How many of a task's batches one evolution fills: it picks that many shares at once,
         ranked by the task scheduler's cost model, and the task's next batches take the
-        unmeasured rest, best first, before it evolves again.
+        unmeasured rest, best first (while it fills at least half a share; the descent fills
+        what it does not), before it evolves again.
     acquisition : {"score", "ei"}, default "score"
         What the descent climbs and the picks are ranked by. ``score`` is Felix's: the MLP's
         score. ``ei`` is AdaTune's: the expected improvement of the ensemble's standardized

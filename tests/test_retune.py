@@ -14,10 +14,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-import numpy as np
 import pytest
 import yaml
-from conftest import ROOT, run_cli
+from conftest import BENCH, ROOT, run_cli
 
 from gradtune import compilation, promotion, retune
 from gradtune.errors import GradtuneError
@@ -110,26 +109,16 @@ def test_decide_on_real_interleaved_timings():
 
     NumPy's BLAS is no stand-in: the block it runs first after the cross-core probe is
     often twice as slow, which made identical work look 5% slower (a failed CI run)."""
-    import tvm
-    from tvm import te
+    sys.path.insert(0, str(BENCH))
+    from timing_position import tvm_matmul as work  # ``calls`` runs of one TVM module
 
-    n = 128
-    a, b = te.placeholder((n, n), name="a"), te.placeholder((n, n), name="b")
-    k = te.reduce_axis((0, n), "k")
-    c = te.compute((n, n), lambda i, j: te.sum(a[i, k] * b[k, j], axis=k), name="c")
-    sch = tvm.s_tir.Schedule(te.create_prim_func([a, b, c]))
-    sch.parallel(sch.get_loops(sch.get_sblock("c"))[0])
-    matmul = tvm.compile(sch.mod, target="llvm")["main"]
-    rng = np.random.default_rng(0)
-    args = [tvm.runtime.tensor(rng.random((n, n), dtype=np.float32)) for _ in range(3)]
+    def timed(challenger_calls: int) -> dict[str, list[float]]:
+        fns = {"challenger": work(calls=challenger_calls), "champion": work(calls=2)}
+        return compilation.time_rounds(fns, promotion.REPEATS).kept()
 
-    def work(times: int):
-        return lambda: [matmul(*args) for _ in range(times)]
-
-    rounds = promotion.REPEATS
-    same = compilation.time_rounds({"challenger": work(2), "champion": work(2)}, rounds).kept()
+    same = timed(2)
     assert promotion.decide(same["challenger"], same["champion"]).promoted
-    slow = compilation.time_rounds({"challenger": work(8), "champion": work(2)}, rounds).kept()
+    slow = timed(8)
     assert promotion.decide(slow["challenger"], slow["champion"]).outcome == "kept_champion"
 
 

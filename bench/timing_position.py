@@ -27,15 +27,11 @@ import argparse
 import io
 import json
 import statistics
-import subprocess
 import sys
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def tvm_matmul(n: int = 128, calls: int = 2) -> Callable[[], Any]:
@@ -127,6 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.copies < 2:
         parser.exit(2, "timing_position: --copies must be at least 2\n")
 
+    from searchbench.report import git_commit
+
     from gradtune import compilation, peers
     from gradtune.threads import use_target_threads
 
@@ -148,10 +146,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"second: median {row['as_timed_median']:.3f}, range {row['as_timed_range']}",
                 flush=True,
             )
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    print(json.dumps({"kinds": result, "timings": args.timings, "commit": commit}))
+    print(json.dumps({"kinds": result, "timings": args.timings, "commit": git_commit()}))
     return 0
 
 

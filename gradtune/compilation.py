@@ -256,13 +256,13 @@ def time_rounds(
             last = TVM_POOL
         return _probe()
 
+    # Work on another thread pool than TVM's (NumPy's BLAS) ran ~6-10% slower when timed
+    # first after the probe than an identical block after it (2-core EPYC; TVM modules
+    # showed no such effect). Every other round runs in reverse, so each contender takes
+    # each place equally often and no position effect lands on one of them.
+    order = list(fns.items())
     link_ns = [probe()]
     for round_ in range(repeats):
-        # Work on another thread pool than TVM's (NumPy's BLAS) ran ~6-10% slower when timed
-        # first after the probe than an identical block after it (2-core EPYC; TVM modules
-        # showed no such effect). Every other round runs in reverse, so each contender takes
-        # each place equally often and no position effect lands on one of them.
-        order = list(fns.items())
         for name, fn in order if round_ % 2 == 0 else order[::-1]:
             if pool_of(name) != last:
                 time.sleep(SETTLE_SECONDS)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import BENCH, ROOT, run_cli
+from conftest import ROOT, run_cli
 
 from gradtune import compilation, promotion, retune
 from gradtune.errors import GradtuneError
@@ -103,13 +103,12 @@ def test_decide_tolerates_noise_not_slowdowns():
         promotion.decide([1.0, 1.0], [1.0, 1.0, 1.0])
 
 
-def test_decide_on_real_interleaved_timings():
+def test_decide_on_real_interleaved_timings(bench_on_path):
     """Real work timed as the promotion times it (TVM modules on TVM's thread pool): the same
     work passes, four times the work does not.
 
     NumPy's BLAS is no stand-in: the block it runs first after the cross-core probe is
     often twice as slow, which made identical work look 5% slower (a failed CI run)."""
-    sys.path.insert(0, str(BENCH))
     from timing_position import tvm_matmul as work  # ``calls`` runs of one TVM module
 
     def timed(challenger_calls: int) -> dict[str, list[float]]:

@@ -41,7 +41,6 @@ import math
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from datetime import UTC, datetime
@@ -232,16 +231,14 @@ def analyse(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def conditions() -> dict[str, Any]:
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True).stdout
+    from searchbench.report import git_commit
 
     cpu = next(
         (line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if "model name" in line),
         platform.processor(),
     )
     return {
-        "commit": git("rev-parse", "--short", "HEAD").strip(),
-        "dirty": bool(git("status", "--porcelain", "--untracked-files=no").strip()),
+        "commit": git_commit(),  # "<sha> dirty" with uncommitted changes to the code
         "date": datetime.now(UTC).isoformat(timespec="seconds"),
         "cpu": cpu,
         "cores": os.cpu_count(),
@@ -258,7 +255,7 @@ def write_markdown(path: Path, result: dict[str, Any]) -> None:
     lines = [
         "# Adaptive evaluator vs fixed measurement",
         "",
-        f"Measured at commit {c['commit']}{' (uncommitted changes)' if c['dirty'] else ''}, "
+        f"Measured at commit {c['commit']}, "
         f"{c['date']}, "
         f"{c['cpu']} ({c['cores']} logical cores), local RPC fleet of one server.",
         f"Load average (1/5/15 min) before {loads(c['load_average_before'])}, after "

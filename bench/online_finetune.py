@@ -41,7 +41,6 @@ import argparse
 import hashlib
 import json
 import math
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -324,9 +323,9 @@ def main() -> int:
             f" {result['finetune_ms_mean']:>12.1f} {result['batches']:>8}"
             + "".join(f" {result['models'][m]['spearman_median']:>16.3f}" for m in models)
         )
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT
-    ).stdout.strip()
+    from searchbench.report import git_commit
+
+    commit = git_commit()
     runs_desc = sorted({f"{m}/{r}" for m, r, _, _ in runs})
     summary = {"commit": commit, "budget": args.budget, "runs": runs_desc, "settings": results}
     print(json.dumps(summary))

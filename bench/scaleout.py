@@ -38,21 +38,10 @@ from pathlib import Path
 from typing import Any
 
 from searchbench.layout import add_work_and_out, resolve_out
+from searchbench.report import git_commit
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_CORE = json.dumps({"kind": "llvm", "num-cores": 1})
-
-
-def commit() -> str:
-    """The commit the runs are made at, ``+dirty`` when the tree has changes outside bench/."""
-    head = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True
-    ).stdout.strip()
-    dirty = subprocess.run(
-        ["git", "status", "--porcelain", "--", ".", ":!bench"], cwd=ROOT, capture_output=True,
-        text=True,
-    ).stdout.strip()  # fmt: skip
-    return head + ("+dirty" if dirty else "")
 
 
 def gradtune(*args: str, log: Path) -> tuple[int, float]:
@@ -115,7 +104,7 @@ def cached(path: Path, make) -> dict[str, Any]:
     if path.is_file():
         return json.loads(path.read_text())
     before = os.getloadavg()[0]
-    result = {**make(), "load_before": before, "commit": commit()}
+    result = {**make(), "load_before": before, "commit": git_commit()}
     result["load_after"] = os.getloadavg()[0]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(result, indent=1))

@@ -59,7 +59,14 @@ def write_manifest(
 
     path = data_dir / MANIFEST
     old = json.loads(path.read_text()) if path.is_file() else {}
-    measure = asdict(MeasureSettings(settings.number, settings.repeat, settings.min_repeat_ms))
+    measure = asdict(
+        MeasureSettings(
+            number=settings.number,
+            repeat=settings.repeat,
+            min_repeat_ms=settings.min_repeat_ms,
+            server_wait_sec=settings.server_wait_sec,
+        )
+    )
     manifest = {
         "format": FORMAT,
         "target": target_config,

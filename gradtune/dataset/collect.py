@@ -56,7 +56,10 @@ class Collector:
         self.settings = settings
         self.stop = stop if stop is not None else StopSignal()
         self.measure = MeasureSettings(
-            number=settings.number, repeat=settings.repeat, min_repeat_ms=settings.min_repeat_ms
+            number=settings.number,
+            repeat=settings.repeat,
+            min_repeat_ms=settings.min_repeat_ms,
+            server_wait_sec=settings.server_wait_sec,
         )
         self.builder = PooledBuilder(settings.builder_workers, settings.build_timeout_sec)
         self.runner = make_rpc_runner(tracker, self.measure, max_workers=settings.rpc_servers)

@@ -36,6 +36,10 @@ class CollectSettings:
         Shortest duration of one measurement (TVM raises ``number`` to fill it).
     seed : int, default 0
         Seed of the sampling and the searches.
+    server_wait_sec : float, default 60.0
+        Longest time with no RPC server for the key registered with the tracker before the
+        collection stops, resumable: a remote device that reboots between batches needs
+        longer, a test of the stop far less.
     """
 
     random_per_workload: int = 96
@@ -49,6 +53,7 @@ class CollectSettings:
     repeat: int = 3
     min_repeat_ms: int = 10
     seed: int = 0
+    server_wait_sec: float = 60.0
 
     @property
     def target_per_workload(self) -> int:

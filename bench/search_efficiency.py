@@ -51,6 +51,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import signal
 import sys
 import traceback
@@ -172,16 +173,20 @@ def versus(args: argparse.Namespace, layout: Layout) -> int:
         print("search_efficiency: --versus compares a --gradient-config (or a --measure) "
               "with the default configuration", file=sys.stderr)  # fmt: skip
         return 2
-    layouts = {"default": Layout(layout.work, layout.budget)}
-    for config in args.against:
-        other = Layout(layout.work, layout.budget, config, layout.measure)
-        if not final_libraries({config: other}, args.versus):
-            print(f"search_efficiency: no finished runs of {args.versus} in {other.root}",
-                  file=sys.stderr)  # fmt: skip
-            return 2
-        layouts[config] = other
     name = layout.root.name.split("s-", 1)[1]
-    layouts[name] = layout
+    layouts = {"default": Layout(layout.work, layout.budget), name: layout}
+    for config in args.against:
+        layouts[config] = Layout(layout.work, layout.budget, config, layout.measure)
+    for each in layouts.values():
+        if not final_libraries({"": each}, args.versus):
+            # A layout is named by its budget too: the usual slip is a --budget left out.
+            dirs = [d.parent.name for d in layout.work.glob("*/runs")]
+            found = (re.match(r"\d+(?:\.\d+)?(?=s)", d) for d in dirs)
+            budgets = sorted({m.group() for m in found if m}, key=float)
+            print(f"search_efficiency: no finished runs of {args.versus} in {each.root} "
+                  f"(--budget {layout.budget:g}; layouts here have budgets "
+                  f"{', '.join(budgets) or 'none'})", file=sys.stderr)  # fmt: skip
+            return 2
     against = "".join(f"+{config}" for config in args.against)
     out = layout.root / "timing" / f"{args.versus}-versus-default{against}.json"
     record = time_versus(layouts, args.versus, out)

@@ -29,7 +29,7 @@ def test_kernels_of_a_model_without_runs_is_one_line(tmp_path):
         (["--versus", "bert_block"], "--versus compares a --gradient-config"),
         (
             ["--versus", "bert_block", "--gradient-config", "evolutionary_explore=True"],
-            "no finished runs of bert_block to time",
+            "(--budget 480; layouts here have budgets none)",
         ),
         (
             [
@@ -54,6 +54,21 @@ def test_versus_without_an_ablation_or_runs_is_one_line(tmp_path, config, says):
     assert done.returncode != 0
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
+
+
+def test_versus_at_a_budget_without_runs_names_the_budgets_that_have_them(tmp_path):
+    (tmp_path / "300s" / "runs" / "bert_block").mkdir(parents=True)
+    (tmp_path / "300s-steps=64" / "runs").mkdir(parents=True)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "search_efficiency.py"), "--work", str(tmp_path),
+         "--budget", "480", "--gradient-config", "steps=64", "--versus", "bert_block"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"search_efficiency: no finished runs of bert_block in {tmp_path / '480s'} "
+        "(--budget 480; layouts here have budgets 300)"
+    )
 
 
 def test_best_found_by_credits_the_side_whose_batch_first_reached_each_tasks_best():

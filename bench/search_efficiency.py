@@ -248,6 +248,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"search_efficiency: {mixed}; name it with --gradient-config, or use another --work",
               file=sys.stderr)  # fmt: skip
         return 2
+    if not args.render and (redundant := layout.redundant_config(specs)):
+        print(f"search_efficiency: {redundant}", file=sys.stderr)
+        return 2
     if not args.render:
         completed = driver.run_all(layout, specs, lambda: render(layout, specs, args.out, stem))
     rendered = render(layout, specs, args.out, stem)

@@ -260,6 +260,37 @@ def test_a_layout_refuses_new_gradient_runs_of_another_configuration_than_its_ow
     assert sorted(p.name for p in tmp_path.iterdir()) == ["480s"]  # nothing prepared
 
 
+def test_an_ablation_equal_to_the_defaults_is_refused_before_any_run(tmp_path):
+    """A --gradient-config that spells today's defaults (steps=64 after the flip) would tune the
+    default layout's runs again under another name: refused in one line before anything is
+    prepared; its finished runs, made while it was an ablation, still render."""
+    from searchbench.layout import Layout, RunSpec
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    default = f"steps={GradientConfig().steps}"
+    pending = [RunSpec("bert_block", "evolutionary", 0), RunSpec("bert_block", "gradient", 0)]
+    same = Layout(tmp_path, 480.0, default)
+    assert "is the gradient search's default configuration" in same.redundant_config(pending)
+    assert Layout(tmp_path, 480.0, "steps=16").redundant_config(pending) is None
+    assert Layout(tmp_path, 480.0).redundant_config(pending) is None
+    same.result(pending[1]).parent.mkdir(parents=True)
+    same.result(pending[1]).write_text("{}")
+    assert same.redundant_config(pending) is None  # only the adopted peer is left to make
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "search_efficiency.py"), "--work", str(tmp_path / "w"),
+         "--budget", "480", "--models", "bert_block", "--gradient-config", default],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stderr
+    assert lines[0] == (
+        f"search_efficiency: --gradient-config {default} is the gradient search's default "
+        "configuration now; run without --gradient-config"
+    )
+    assert not (tmp_path / "w").exists() or not any((tmp_path / "w").rglob("*.json"))
+
+
 @pytest.mark.parametrize(
     ("script", "results"),
     [("search_efficiency", "300s/results"), ("vs_runtimes", "results"), ("lowering", "results"),

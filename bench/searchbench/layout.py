@@ -169,6 +169,23 @@ class Layout:
                     )
         return None
 
+    def redundant_config(self, specs: list[RunSpec]) -> str | None:
+        """Why a ``gradient_config`` equal to today's defaults (``steps=64`` once 64 became the
+        default) must not make the gradient runs of ``specs`` still to make, in one line; None
+        if it may. Its runs would repeat the default layout's under another name, and the
+        side-by-side timing would weigh a configuration against itself. Finished runs of a
+        configuration that was an ablation when it ran still render."""
+        from gradtune.search.gradient_search import GradientConfig
+
+        if not self.gradient_config or GradientConfig(**self.gradient_kwargs()) != GradientConfig():
+            return None
+        if all(s.searcher != "gradient" or self.finished(s) for s in specs):
+            return None
+        return (
+            f"--gradient-config {self.gradient_config} is the gradient search's default "
+            "configuration now; run without --gradient-config"
+        )
+
     def needs_ensemble(self) -> bool:
         """Whether the configuration's gradient search scores with a deep ensemble."""
         from gradtune.search.gradient_search import GradientConfig

@@ -243,15 +243,14 @@ def main(argv: list[str] | None = None) -> int:
         stem += "_" + args.gradient_config.replace("=", "").replace(",", "_")
     if args.measure != "fixed":
         stem += f"_{args.measure}"
-    mixed = None if args.render else layout.mixed_config(specs, ("gradient",))
-    if mixed:
-        print(f"search_efficiency: {mixed}; name it with --gradient-config, or use another --work",
-              file=sys.stderr)  # fmt: skip
-        return 2
-    if not args.render and (redundant := layout.redundant_config(specs)):
-        print(f"search_efficiency: {redundant}", file=sys.stderr)
-        return 2
     if not args.render:
+        if mixed := layout.mixed_config(specs, ("gradient",)):
+            print(f"search_efficiency: {mixed}; name it with --gradient-config, or use another "
+                  "--work", file=sys.stderr)  # fmt: skip
+            return 2
+        if redundant := layout.redundant_config(specs):
+            print(f"search_efficiency: {redundant}", file=sys.stderr)
+            return 2
         completed = driver.run_all(layout, specs, lambda: render(layout, specs, args.out, stem))
     rendered = render(layout, specs, args.out, stem)
     print(rendered["text"])

@@ -175,9 +175,7 @@ class Layout:
         if it may. Its runs would repeat the default layout's under another name, and the
         side-by-side timing would weigh a configuration against itself. Finished runs of a
         configuration that was an ablation when it ran still render."""
-        from gradtune.search.gradient_search import GradientConfig
-
-        if not self.gradient_config or GradientConfig(**self.gradient_kwargs()) != GradientConfig():
+        if not self.gradient_config or self.gradient_effective() != today_defaults():
             return None
         if all(s.searcher != "gradient" or self.finished(s) for s in specs):
             return None

@@ -13,7 +13,8 @@ pool (as the CLI times two TVM modules, or the peers after theirs):
 
 Kinds: a parallel TVM matmul (TVM's pool), NumPy's matmul (its BLAS threads), ONNX Runtime
 and PyTorch eager on a small convolution network (their own pools: each block after a pool
-switch waits ``SETTLE_SECONDS``, as the CLI's timing does).
+switch waits until the last pool's workers stop spinning, ``gradtune.settle``, as the CLI's
+timing does).
 
     .venv/bin/python bench/timing_position.py [--timings 30] [--copies 3]
 

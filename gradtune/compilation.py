@@ -22,6 +22,7 @@ import numpy as np
 from . import crosscore
 from .errors import GradtuneError
 from .partition import device_of
+from .settle import settle
 
 # float32 models through different kernels and accumulation orders: relative 1e-3 of the output
 # scale is tight enough to catch a wrong schedule (errors are then O(1)) without flagging
@@ -138,15 +139,6 @@ def verify(
     return err
 
 
-# A runtime's thread pool keeps its workers spinning after its last call, and on a machine
-# whose cores the contenders share they slow the next contender down: after a block of TVM
-# calls on 2 threads (2-core Zen 3), ONNX Runtime ran 2-3x slower for the next 0.1 s and at its
-# own speed from 0.3 s; TVM after ONNX Runtime recovered within 0.1 s. TVM's workers yield
-# TVM_THREAD_POOL_SPIN_COUNT (300,000) times before they sleep; ONNX Runtime's and OpenMP's
-# spin too. So a block that follows another runtime's waits this long first.
-SETTLE_SECONDS = 0.3
-
-
 # A state (``crosscore``) with fewer rounds than this has no median worth taking.
 MIN_STATE_ROUNDS = 3
 TVM_POOL = "tvm"  # ``pools``' name for TVM's thread pool, which the cross-core probe runs on
@@ -220,8 +212,8 @@ def time_rounds(
 
     ``pools`` names the thread pool each function runs on (its runtime: TVM modules share the
     calling thread's, named ``TVM_POOL``; torch.compile and PyTorch eager share OpenMP's): a
-    block that follows another pool's waits ``SETTLE_SECONDS`` first. Without it every function
-    shares TVM's.
+    block that follows another pool's first waits until that pool's workers stopped spinning
+    (``settle.settle``). Without it every function shares TVM's.
 
     The machine is shared and noisy: interleaving exposes every contender to the same drift,
     and medians over repeats discard bursts; the spread of the samples says how far apart two
@@ -229,14 +221,28 @@ def time_rounds(
     (``crosscore``): the probe marks the rounds it spans.
     """
 
+    last = TVM_POOL  # the pool that ran last: nothing yet, TVM's is the probe's
+
+    def switch(pool: str) -> None:
+        # Before the warm-up's and the calibration's calls too, not only the timed blocks':
+        # a slow spell, once started, lasted through a whole timing. With a wait before the
+        # timed blocks only, torch.compile beside a tuned TVM library still ran 2-3x slower
+        # in 17 of 96 blocks (2-core Zen 2); with it before every switch, in none of 96.
+        nonlocal last
+        if pool != last:
+            settle()
+            last = pool
+
     def pool_of(name: str) -> str:
         return (pools or {}).get(name, TVM_POOL)
 
-    for fn in fns.values():  # warm-up: allocation, first-call JIT, caches
+    for name, fn in fns.items():  # warm-up: allocation, first-call JIT, caches
+        switch(pool_of(name))
         fn()
         fn()
     numbers = {}
     for name, fn in fns.items():
+        switch(pool_of(name))
         n, elapsed = 1, 0.0
         while elapsed < min_seconds:
             start = time.perf_counter()
@@ -247,13 +253,9 @@ def time_rounds(
                 n *= 2
         numbers[name] = n
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    last = pool_of(list(fns)[-1]) if fns else TVM_POOL  # the pool calibrated last
 
     def probe() -> float | None:
-        nonlocal last
-        if last != TVM_POOL:
-            time.sleep(SETTLE_SECONDS)
-            last = TVM_POOL
+        switch(TVM_POOL)
         return _probe()
 
     # Work on another thread pool than TVM's (NumPy's BLAS) ran ~6-10% slower when timed
@@ -264,9 +266,7 @@ def time_rounds(
     link_ns = [probe()]
     for round_ in range(repeats):
         for name, fn in order if round_ % 2 == 0 else order[::-1]:
-            if pool_of(name) != last:
-                time.sleep(SETTLE_SECONDS)
-                last = pool_of(name)
+            switch(pool_of(name))
             n = numbers[name]
             start = time.perf_counter()
             for _ in range(n):

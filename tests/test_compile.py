@@ -77,13 +77,14 @@ def test_a_block_after_another_runtimes_waits_for_its_threads_to_settle():
     """A block that follows another runtime's (pool ``ort``, whose every call leaves a worker
     spinning for 0.1 s) starts only once that worker stopped; between two modules of one
     runtime (``tvm``) no block waits."""
+    import hashlib
     import threading
     import time
 
-    def spin(seconds: float) -> None:
+    def spin(seconds: float) -> None:  # busy without the GIL, as a native pool's worker is
         end = time.perf_counter() + seconds
         while time.perf_counter() < end:
-            pass
+            hashlib.sha256(bytes(1 << 20)).digest()
 
     calls = []
     spinners: list[threading.Thread] = []
@@ -107,7 +108,7 @@ def test_a_block_after_another_runtimes_waits_for_its_threads_to_settle():
             gaps.setdefault((was, now), []).append(later - earlier)
     # The 3 timed rounds run a, b, c, then c, b, a (every other round reversed), then a, b, c:
     # after c's block its worker spins up to 0.1 s more, and b waits for it; a after b does not.
-    assert all(gap >= 0.09 for gap in gaps[("c", "b")]), gaps
+    assert all(gap >= 0.08 for gap in gaps[("c", "b")]), gaps
     assert all(gap < 0.05 for gap in gaps[("a", "b")][-2:] + gaps[("b", "a")]), gaps
 
 

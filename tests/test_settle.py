@@ -2,27 +2,37 @@
 
 from __future__ import annotations
 
+import hashlib
 import threading
 import time
 
 from gradtune import settle
 
+BLOCK = bytes(1 << 20)
+
+
+def spin(until: threading.Event | float) -> None:
+    """Busy without the GIL, as a native pool's worker is: hashlib releases it while hashing,
+    so the test's own thread can read the states meanwhile."""
+
+    def done() -> bool:
+        if isinstance(until, threading.Event):
+            return until.is_set()
+        return time.perf_counter() > until
+
+    while not done():
+        hashlib.sha256(BLOCK).digest()
+
 
 def test_a_spinning_thread_is_counted_and_a_sleeping_one_is_not():
     stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            pass
-
     sleeper = threading.Thread(target=stop.wait)
     sleeper.start()
     time.sleep(0.05)
     before = settle.running_threads()
-    spinner = threading.Thread(target=spin)
+    spinner = threading.Thread(target=spin, args=(stop,))
     spinner.start()
     try:
-        # The spinner shares the GIL with this thread: it runs whenever this one waits.
         time.sleep(0.05)
         assert settle.running_threads() == before + 1
     finally:
@@ -32,13 +42,8 @@ def test_a_spinning_thread_is_counted_and_a_sleeping_one_is_not():
 
 
 def test_settle_waits_for_a_spinning_thread_and_no_longer():
-    def spin(seconds: float) -> None:
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            pass
-
     assert settle.settle() < 0.1  # nothing spins: two polls
-    spinner = threading.Thread(target=spin, args=(0.2,))
+    spinner = threading.Thread(target=spin, args=(time.perf_counter() + 0.2,))
     spinner.start()
     waited = settle.settle()
     spinner.join()
@@ -47,12 +52,7 @@ def test_settle_waits_for_a_spinning_thread_and_no_longer():
 
 def test_a_thread_that_never_sleeps_holds_the_wait_only_to_its_cap():
     stop = threading.Event()
-
-    def spin() -> None:
-        while not stop.is_set():
-            pass
-
-    spinner = threading.Thread(target=spin)
+    spinner = threading.Thread(target=spin, args=(stop,))
     spinner.start()
     try:
         assert 0.2 <= settle.settle(cap=0.2) < 0.4

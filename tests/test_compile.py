@@ -77,14 +77,10 @@ def test_a_block_after_another_runtimes_waits_for_its_threads_to_settle():
     """A block that follows another runtime's (pool ``ort``, whose every call leaves a worker
     spinning for 0.1 s) starts only once that worker stopped; between two modules of one
     runtime (``tvm``) no block waits."""
-    import hashlib
     import threading
     import time
 
-    def spin(seconds: float) -> None:  # busy without the GIL, as a native pool's worker is
-        end = time.perf_counter() + seconds
-        while time.perf_counter() < end:
-            hashlib.sha256(bytes(1 << 20)).digest()
+    from tests.test_settle import spin  # busy without the GIL, as a native pool's worker is
 
     calls = []
     spinners: list[threading.Thread] = []
@@ -92,7 +88,7 @@ def test_a_block_after_another_runtimes_waits_for_its_threads_to_settle():
     def ort_call() -> None:
         calls.append(("c", time.perf_counter()))
         if not spinners or not spinners[-1].is_alive():
-            spinners.append(threading.Thread(target=spin, args=(0.1,)))
+            spinners.append(threading.Thread(target=spin, args=(time.perf_counter() + 0.1,)))
             spinners[-1].start()
 
     fns = {

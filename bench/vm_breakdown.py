@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from searchbench.report import git_commit
-from tuned_library import check_timing_args, input_tensors, timing_parser
+from tuned_library import check_timing_args, input_tensors, labels, timing_parser
 
 from gradtune import crosscore
 from gradtune.compilation import Timing
@@ -267,7 +267,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_pass:
         from gradtune import threads
 
-        result = {run.name: time_library(run, args.rounds, args.perf) for run in args.runs}
+        result = {
+            name: time_library(run, args.rounds, args.perf)
+            for name, run in zip(labels(args.runs), args.runs, strict=True)
+        }
         print(json.dumps({"libraries": result, "tvm_threads": threads.runtime_threads()}))
         return 0
     passes: dict[int, list[dict[str, Any]]] = {t: [] for t in args.threads}
@@ -297,9 +300,9 @@ def main(argv: list[str] | None = None) -> int:
         "other |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-    for run in args.runs:
+    for name in labels(args.runs):
         for count in args.threads:
-            per = [p[run.name] for p in passes[count]]
+            per = [p[name] for p in passes[count]]
             row = summarize(per)
             e2e, kernels, over = row["e2e_us"], row["kernels_us"], row["overhead_us"]
             shares = ""
@@ -310,9 +313,9 @@ def main(argv: list[str] | None = None) -> int:
                     for g in groups
                 }
                 shares = " / ".join(f"{row['perf_shares'][g]:.0%}" for g in groups)
-            summary.setdefault(run.name, {})[count] = row
+            summary.setdefault(name, {})[count] = row
             near = row["states"].count(crosscore.NEAR)
-            print(f"| {run.name} | {count} | {e2e:.1f} | {kernels:.1f} | "
+            print(f"| {name} | {count} | {e2e:.1f} | {kernels:.1f} | "
                   f"{row['kernels_flushed_us']:.1f} | {row['kernels_handoff_us']:.1f} | "
                   f"{over:.1f} | "
                   f"{over / e2e:.0%} | {row['kernel_calls']} / {row['builtin_calls']} | "

@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from searchbench.report import git_commit
-from tuned_library import check_timing_args, input_tensors, timing_parser
+from tuned_library import check_timing_args, input_tensors, labels, timing_parser
 
 MIN_SECONDS = 0.05  # per block: long enough that timer and scheduler noise are small
 
@@ -65,7 +65,7 @@ def block(fn: Any, n: int) -> float:
 def one_pass(runs: list[Path], rounds: int) -> dict[str, dict[str, list[float]]]:
     """Per library, per way of calling, the µs per inference of each round."""
     out: dict[str, dict[str, list[float]]] = {}
-    for run in runs:
+    for name, run in zip(labels(runs), runs, strict=True):
         vm, dev, args = loaded(run)
         main = vm["main"]
 
@@ -91,7 +91,7 @@ def one_pass(runs: list[Path], rounds: int) -> dict[str, dict[str, list[float]]]
             samples["lookup"].append(block(lookup, n))
             samples["once"].append(block(once, n))
             samples["cxx"].append(cxx().mean * 1e6)
-        out[run.name] = samples
+        out[name] = samples
     return out
 
 
@@ -122,17 +122,17 @@ def main(argv: list[str] | None = None) -> int:
     summary: dict[str, Any] = {}
     print("| library | lookup µs | once µs | c++ µs | lookup / once | once / c++ |")
     print("|---|---:|---:|---:|---:|---:|")
-    for run in args.runs:
-        per = [p["samples"][run.name] for p in passes]
+    for name in labels(args.runs):
+        per = [p["samples"][name] for p in passes]
         row = {
             f"{way}_us": statistics.median(statistics.median(s[way]) for s in per)
             for way in ("lookup", "once", "cxx")
         }
         row["lookup_over_once"] = statistics.median(paired(s["lookup"], s["once"]) for s in per)
         row["once_over_cxx"] = statistics.median(paired(s["once"], s["cxx"]) for s in per)
-        summary[run.name] = {k: round(v, 4) for k, v in row.items()}
+        summary[name] = {k: round(v, 4) for k, v in row.items()}
         print(
-            f"| {run.name} | {row['lookup_us']:.1f} | {row['once_us']:.1f} | {row['cxx_us']:.1f} "
+            f"| {name} | {row['lookup_us']:.1f} | {row['once_us']:.1f} | {row['cxx_us']:.1f} "
             f"| {row['lookup_over_once']:.3f} | {row['once_over_cxx']:.3f} |"
         )
     pools = sorted({p["tvm_threads"] for p in passes})

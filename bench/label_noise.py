@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from searchbench.report import git_commit  # noqa: E402  (bench/ is on the path from here)
+from searchbench.report import git_commit, labels  # noqa: E402  (bench/ is on the path from here)
 
 
 def record_file(folder: Path) -> Path:
@@ -168,8 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(),
         "min_records": args.min_records,
         "datasets": {
-            d.name: summarize(f, args.min_records)
-            for d, f in zip(args.datasets, folders, strict=True)
+            name: summarize(f, args.min_records)
+            for name, f in zip(labels(folders), folders, strict=True)
         },
         "against": refs,
     }

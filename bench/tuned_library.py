@@ -34,18 +34,6 @@ def check_timing_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
         parser.exit(2, f"{prog}: --rounds must be at least 3\n")
 
 
-def labels(runs: list[Path]) -> list[str]:
-    """A name per run directory, as the tables print it: the fewest trailing path parts that
-    tell the runs apart. ``vs_runtimes`` leaves every library in ``runs/<model>/tune``, and
-    keyed by the last part alone the libraries of one timing overwrote each other."""
-    parts = [run.resolve().parts for run in runs]
-    for k in range(1, max(map(len, parts), default=1) + 1):
-        names = ["/".join(p[-k:]) for p in parts]
-        if len(set(names)) == len(names):
-            return names
-    return [str(run) for run in runs]  # the same directory given twice: keep them as given
-
-
 def input_tensors(run: Path, dev: Any) -> list[Any]:
     """Seeded random arrays of ``io.json``'s input shapes, resident on ``dev``."""
     import numpy as np

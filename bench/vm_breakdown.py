@@ -61,8 +61,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from searchbench.report import git_commit
-from tuned_library import check_timing_args, input_tensors, labels, timing_parser
+from searchbench.report import git_commit, labels
+from tuned_library import check_timing_args, input_tensors, timing_parser
 
 from gradtune import crosscore
 from gradtune.compilation import Timing

@@ -55,3 +55,16 @@ def test_bad_input_is_one_line_before_any_work(tmp_path):
     with pytest.raises(SystemExit) as exc:
         main([str(folder), "--against", str(tmp_path / "r.json")])
     assert "is no pretrain_source result" in str(exc.value)
+
+
+def test_two_datasets_of_one_name_keep_a_row_each(tmp_path, capsys):
+    # Keyed by the folder's name alone, zen2/data's row overwrote zen4/data's.
+    from label_noise import main
+
+    rows = [(0, [t, t, t]) for t in range(1, 41)]
+    for cpu in ("zen2", "zen4"):
+        (tmp_path / cpu).mkdir()
+        _dataset(tmp_path / cpu / "data", rows)
+    assert main([str(tmp_path / "zen2" / "data"), str(tmp_path / "zen4" / "data")]) == 0
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert sorted(summary["datasets"]) == ["zen2/data", "zen4/data"]

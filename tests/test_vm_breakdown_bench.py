@@ -96,7 +96,7 @@ def test_bad_input_is_refused_in_one_line(tmp_path, args, says):
 def test_libraries_in_directories_of_one_name_keep_a_row_each(tmp_path):
     # vs_runtimes leaves every model's library in runs/<model>/tune: keyed by the last part of
     # the path, one timing's libraries overwrote each other and the table repeated the last.
-    from tuned_library import labels
+    from searchbench.report import labels
 
     runs = [tmp_path / "runs" / m / "tune" for m in ("resnet18_like", "squeeze_fire")]
     assert labels(runs) == ["resnet18_like/tune", "squeeze_fire/tune"]

@@ -34,6 +34,19 @@ CONDITIONS = (
 )
 
 
+def labels(runs: list[Path]) -> list[str]:
+    """A name per directory (a run or a dataset), as the tables print it: the fewest trailing
+    path parts that tell them apart. ``vs_runtimes`` leaves every library in
+    ``runs/<model>/tune``, and keyed by the last part alone the libraries of one timing
+    overwrote each other (as two datasets named ``data`` would in ``label_noise``)."""
+    parts = [run.resolve().parts for run in runs]
+    for k in range(1, max(map(len, parts), default=1) + 1):
+        names = ["/".join(p[-k:]) for p in parts]
+        if len(set(names)) == len(names):
+            return names
+    return [str(run) for run in runs]  # the same directory given twice: keep them as given
+
+
 def git_commit() -> str:
     def git(*args: str) -> str:
         return subprocess.run(

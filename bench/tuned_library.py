@@ -44,3 +44,29 @@ def input_tensors(run: Path, dev: Any) -> list[Any]:
     return [
         tvm.runtime.tensor(rng.standard_normal(s["shape"]).astype(s["dtype"]), dev) for s in specs
     ]
+
+
+def interpreted(library: Path) -> bool:
+    """Whether the library's VM interprets ``main`` from bytecode (``exec_mode="bytecode"``):
+    only then does each call pass through ``VirtualMachine.set_instrument``."""
+    import tvm
+
+    return "vm_tir_func" not in tvm.runtime.load_module(str(library))["as_text"]()
+
+
+def rebuild(run: Path, exec_mode: str) -> tuple[Any, list[Any], Any]:
+    """(executable, inputs, target): the run's model built again as ``gradtune tune`` built
+    it (the model, entry, target and lowering its ``run.json`` records; its database's
+    schedules), with ``relax.build``'s ``exec_mode``."""
+    from gradtune import compilation
+    from gradtune.frontend import load_model
+    from gradtune.partition import Lowering, prepare
+    from gradtune.target import make_target
+    from gradtune.tune import compile_database
+
+    record = json.loads((run / "run.json").read_text())
+    target = make_target(record["target"])
+    model = load_model(record["model"], record["entry"])
+    fused = prepare(model.mod, model.params, target, Lowering(**record["lowering"]))
+    executable = compilation.build(fused, target, compile_database(run), exec_mode=exec_mode)
+    return executable, model.inputs, target

@@ -39,6 +39,11 @@ samples the e2e loop and splits its samples by where they ran: the library's ker
 (``model.so``), TVM's runtime and FFI (VM, allocators, thread pool), the OS kernel
 (scheduling, a worker's yields, page faults), libc and the rest.
 
+The instrument sees calls only when the VM interprets its function. ``gradtune tune``
+compiles a CPU model's VM function into the library (``compilation.exec_mode_for``), so such a
+run is built again from its ``run.json`` and database as bytecode, the same kernels, and
+that build is timed; its e2e is the interpreted one (``bench/vm_exec.py`` weighs the two).
+
     .venv/bin/python bench/vm_breakdown.py RUN_DIR [RUN_DIR ...] [--threads 1 2] [--perf]
 
 The last line printed is one JSON object: ``{"libraries": {name: {threads: {"e2e_us",
@@ -62,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from searchbench.report import git_commit, labels
-from tuned_library import check_timing_args, input_tensors, timing_parser
+from tuned_library import check_timing_args, input_tensors, interpreted, rebuild, timing_parser
 
 from gradtune import crosscore
 from gradtune.compilation import Timing
@@ -85,13 +90,40 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
                         help="TVM runtime thread counts to time at")  # fmt: skip
     parser.add_argument("--perf", action="store_true", help="split the e2e loop with perf")
+    # The child's: the library to load for each run (a bytecode build of a compiled one).
+    parser.add_argument("--libraries", type=Path, nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     check_timing_args(parser, args, "vm_breakdown")
     if min(args.threads) < 1:
         parser.exit(2, "vm_breakdown: --threads must be positive\n")
     if args.perf and not args.one_pass and shutil.which("perf") is None:
         parser.exit(2, "vm_breakdown: --perf needs Linux perf on PATH (Debian: linux-perf)\n")
+    for run in [] if args.one_pass else args.runs:
+        if not (run / "run.json").is_file() and not interpreted(run / "model.so"):
+            parser.exit(
+                2,
+                f"vm_breakdown: {run}'s model.so runs its VM function compiled (no call to "
+                f"instrument) and {run} has no run.json to build it again as bytecode from\n",
+            )
     return args
+
+
+def bytecode_libraries(runs: list[Path], into: Path) -> list[Path]:
+    """Each run's library as the VM interprets it. ``gradtune tune`` compiles the VM's own
+    function into a CPU library (``compilation.exec_mode_for``), which leaves no call
+    instruction to instrument: such a run is built again from its run.json and database with
+    ``exec_mode="bytecode"``, the same kernels."""
+    libraries = []
+    for k, run in enumerate(runs):
+        library = run / "model.so"
+        if not interpreted(library):
+            from gradtune import compilation
+
+            print(f"{run}: model.so runs compiled; timing its bytecode build", file=sys.stderr)
+            executable, _, _ = rebuild(run, "bytecode")
+            library = compilation.export(executable, into / str(k) / "model.so")
+        libraries.append(library)
+    return libraries
 
 
 def repeats_for(timer: Any) -> int:
@@ -127,13 +159,19 @@ def perf_shares(seconds: float, loop: Any) -> dict[str, float]:
     return {k: round(v, 4) for k, v in sorted(shares.items())}
 
 
-def time_library(run: Path, rounds: int, with_perf: bool) -> dict[str, Any]:
-    """One library's e2e and summed-kernel µs of each round, its call counts, perf's split."""
+def time_library(
+    run: Path, rounds: int, with_perf: bool, library: Path | None = None
+) -> dict[str, Any]:
+    """One library's e2e and summed-kernel µs of each round, its call counts, perf's split.
+    ``library``: the one to load (default ``run``'s ``model.so``); its VM must interpret."""
     import tvm
     import tvm_ffi
     from tvm import relax
 
-    lib = tvm.runtime.load_module(str(run / "model.so"))
+    library = library or run / "model.so"
+    if not interpreted(library):
+        raise SystemExit(f"vm_breakdown: {library} runs its VM function compiled: nothing to time")
+    lib = tvm.runtime.load_module(str(library))
     dev = tvm.cpu(0)
     vm = relax.VirtualMachine(lib, dev)
     kernels_mod = lib.imports[0]  # the kernels' library, beside the VM's bytecode
@@ -267,19 +305,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.one_pass:
         from gradtune import threads
 
+        libraries = args.libraries or [run / "model.so" for run in args.runs]
         result = {
-            name: time_library(run, args.rounds, args.perf)
-            for name, run in zip(labels(args.runs), args.runs, strict=True)
+            name: time_library(run, args.rounds, args.perf, library)
+            for name, run, library in zip(labels(args.runs), args.runs, libraries, strict=True)
         }
         print(json.dumps({"libraries": result, "tvm_threads": threads.runtime_threads()}))
         return 0
+    with tempfile.TemporaryDirectory() as tmp:
+        return report(args, bytecode_libraries(args.runs, Path(tmp)))
+
+
+def report(args: argparse.Namespace, libraries: list[Path]) -> int:
     passes: dict[int, list[dict[str, Any]]] = {t: [] for t in args.threads}
     for k in range(args.passes):  # thread counts alternate pass by pass: drift hits all alike
         for count in args.threads:
             env = {**os.environ, "TVM_NUM_THREADS": str(count)}
             proc = subprocess.run(
                 [sys.executable, __file__, *map(str, args.runs), "--rounds", str(args.rounds),
-                 "--one-pass", *(["--perf"] if args.perf else [])],
+                 "--one-pass", *(["--perf"] if args.perf else []),
+                 "--libraries", *map(str, libraries)],
                 capture_output=True, text=True, check=False, env=env,
             )  # fmt: skip
             if proc.returncode != 0:

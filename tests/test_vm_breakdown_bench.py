@@ -22,7 +22,8 @@ def test_every_kernel_the_inference_calls_is_timed_alone_on_the_inference_own_te
     from gradtune.partition import prepare
 
     fused = prepare(tiny_model.mod, tiny_model.params, llvm_target)
-    compilation.export(compilation.build(fused, llvm_target), tmp_path / "model.so")
+    executable = compilation.build(fused, llvm_target, exec_mode="bytecode")
+    compilation.export(executable, tmp_path / "model.so")
     io = registry.io_description(tiny_model.input_names, tiny_model.inputs)
     (tmp_path / "io.json").write_text(json.dumps(io))
     record = vm_breakdown.time_library(tmp_path, rounds=3, with_perf=False)
@@ -33,6 +34,28 @@ def test_every_kernel_the_inference_calls_is_timed_alone_on_the_inference_own_te
     assert len(record["kernels_handoff_us"]) == 3 and min(record["kernels_handoff_us"]) > 0
     assert len(record["link_ns"]) == 4  # a probe before the first round and after each
     assert all(k > 0 for k in record["kernels_us"]) and all(e > 0 for e in record["e2e_us"])
+
+
+def test_a_library_whose_vm_runs_compiled_is_built_again_or_refused_in_one_line(
+    tiny_model, llvm_target, tmp_path
+):
+    # gradtune compiles a CPU model's VM function (compilation.exec_mode_for): no call passes
+    # the instrument, and timed as it is every row read 0 kernels and 100% overhead.
+    from gradtune import compilation, registry
+    from gradtune.partition import prepare
+
+    fused = prepare(tiny_model.mod, tiny_model.params, llvm_target)
+    compilation.export(compilation.build(fused, llvm_target), tmp_path / "model.so")
+    io = registry.io_description(tiny_model.input_names, tiny_model.inputs)
+    (tmp_path / "io.json").write_text(json.dumps(io))
+    with pytest.raises(SystemExit, match="runs its VM function compiled"):
+        vm_breakdown.time_library(tmp_path, rounds=3, with_perf=False)
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "vm_breakdown.py"), str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 2 and done.stdout == ""
+    assert "has no run.json to build it again as bytecode" in done.stderr.strip().splitlines()[-1]
 
 
 def test_only_rounds_with_the_cores_near_count_and_the_row_says_where_each_pass_ran():

@@ -54,10 +54,10 @@ def interpreted(library: Path) -> bool:
     return "vm_tir_func" not in tvm.runtime.load_module(str(library))["as_text"]()
 
 
-def rebuild(run: Path, exec_mode: str) -> tuple[Any, list[Any], Any]:
-    """(executable, inputs, target): the run's model built again as ``gradtune tune`` built
-    it (the model, entry, target and lowering its ``run.json`` records; its database's
-    schedules), with ``relax.build``'s ``exec_mode``."""
+def rebuild(run: Path, exec_modes: tuple[str, ...]) -> tuple[dict[str, Any], list[Any], Any]:
+    """({exec_mode: executable}, inputs, target): the run's model built again as ``gradtune
+    tune`` built it (the model, entry, target and lowering its ``run.json`` records; its
+    database's schedules), once per ``relax.build`` ``exec_mode``, from one lowering."""
     from gradtune import compilation
     from gradtune.frontend import load_model
     from gradtune.partition import Lowering, prepare
@@ -68,5 +68,8 @@ def rebuild(run: Path, exec_mode: str) -> tuple[Any, list[Any], Any]:
     target = make_target(record["target"])
     model = load_model(record["model"], record["entry"])
     fused = prepare(model.mod, model.params, target, Lowering(**record["lowering"]))
-    executable = compilation.build(fused, target, compile_database(run), exec_mode=exec_mode)
-    return executable, model.inputs, target
+    database = compile_database(run)
+    executables = {
+        mode: compilation.build(fused, target, database, exec_mode=mode) for mode in exec_modes
+    }
+    return executables, model.inputs, target

@@ -120,8 +120,8 @@ def bytecode_libraries(runs: list[Path], into: Path) -> list[Path]:
             from gradtune import compilation
 
             print(f"{run}: model.so runs compiled; timing its bytecode build", file=sys.stderr)
-            executable, _, _ = rebuild(run, "bytecode")
-            library = compilation.export(executable, into / str(k) / "model.so")
+            executables, _, _ = rebuild(run, ("bytecode",))
+            library = compilation.export(executables["bytecode"], into / str(k) / "model.so")
         libraries.append(library)
     return libraries
 

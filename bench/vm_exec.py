@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import tempfile
@@ -39,7 +38,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from searchbench.report import git_commit, labels  # noqa: E402  (bench/ is on the path from here)
+from searchbench.analysis import geomean  # noqa: E402  (bench/ is on the path from here)
+from searchbench.report import git_commit, labels  # noqa: E402
 from tuned_library import rebuild  # noqa: E402
 
 MODES = ("bytecode", "compiled")
@@ -68,13 +68,11 @@ def builds(run: Path) -> dict[str, Any]:
 
     from gradtune import compilation
 
-    runners, outputs = {}, {}
-    for mode in MODES:
-        executable, inputs, target = rebuild(run, mode)
-        runners[mode] = compilation.Runner(executable, target, inputs)
-        outputs[mode] = runners[mode].outputs()
+    executables, inputs, target = rebuild(run, MODES)
+    runners = {mode: compilation.Runner(e, target, inputs) for mode, e in executables.items()}
+    outputs = {mode: runner.outputs() for mode, runner in runners.items()}
     with tempfile.TemporaryDirectory() as tmp:
-        lib = compilation.export(executable, Path(tmp) / "model.so")
+        lib = compilation.export(executables["compiled"], Path(tmp) / "model.so")
         vm, dev = compilation.load_exported(lib, target)
         args = [tvm.runtime.tensor(x, dev) for x in inputs]
         outputs["compiled, exported"] = compilation.flatten_outputs(vm["main"](*args))
@@ -132,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ratios = [r["bytecode_over_compiled"] for r in libraries.values()]
     result = {
         "libraries": libraries,
-        "geomean_bytecode_over_compiled": math.exp(statistics.mean(map(math.log, ratios))),
+        "geomean_bytecode_over_compiled": geomean(ratios),
         "tvm_threads": runtime_threads(),
         "commit": git_commit(),
     }

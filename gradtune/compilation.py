@@ -80,10 +80,10 @@ def exec_mode_for(target: Any) -> str:
     ``"bytecode"`` is interpreted: every call instruction looks its function up, converts its
     registers to arguments and dispatches. ``"compiled"`` makes that function a PrimFunc of
     the same calls, compiled into the library: the kernels are the same, the interpretation
-    goes. On CPUs that is what a small model's inference spends between its kernels: tuned
-    models ran 1.01-1.10x faster compiled, 1.045x geomean over 5 models on a 2-core Zen 2
-    (``bench/vm_exec.py``), bert_block (19 small kernels) most. GPU targets stay interpreted:
-    unmeasured there, and their kernel launches dwarf the interpretation."""
+    goes. On CPUs that is part of what a small model's inference spends between its kernels:
+    5 tuned models ran 1.011-1.060x faster compiled, geomean 1.038, on a 2-core Zen 2
+    (``bench/vm_exec.py``). GPU targets stay interpreted: unmeasured there, and their kernel
+    launches dwarf the interpretation."""
     return "bytecode" if target.kind.name == "cuda" else "compiled"
 
 

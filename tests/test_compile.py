@@ -26,7 +26,7 @@ def test_untuned_build_matches_reference_and_exports(tiny_model, llvm_target, tm
 def test_a_cpu_library_runs_its_vm_function_compiled_and_a_gpu_one_interpreted(
     tiny_model, llvm_target, tmp_path
 ):
-    # Compiled, the VM's function cost tuned models 1-10% less on a 2-core Zen 2
+    # Compiled, the VM's function cost tuned models 1-6% less on a 2-core Zen 2
     # (bench/vm_exec.py); on GPUs it is unmeasured, so they keep the interpreter.
     import tvm
 

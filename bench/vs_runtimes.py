@@ -49,7 +49,6 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 import os
 import shlex
 import shutil
@@ -60,6 +59,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from searchbench.analysis import geomean
 from searchbench.layout import (
     add_work_and_out,
     config_moved,
@@ -331,10 +331,6 @@ def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------------- results
-
-
-def geomean(values: list[float]) -> float | None:
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
 
 
 def fmt(value: float | None, spec: str = ".2f") -> str:

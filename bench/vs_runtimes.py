@@ -7,7 +7,8 @@ Protocol:
    whose workloads the default cost model was pretrained on) and four in no zoo (bench/models/:
    an MBConv/squeeze-excitation CNN, a small UNet, a BERT-style block and a SqueezeNet-style
    CNN, the last two tuned from ONNX).
-2. **Tune**: ``gradtune tune FILE --time-budget B --trials 5000`` in a subprocess, every other
+2. **Tune**: ``gradtune tune FILE --time-budget B --trials 5000`` in a subprocess (B:
+   ``--budget``, or a model's own ``--budget-for``; each result states its), every other
    option the CLI's default (gradient search with the shipped pretrained cost model, local RPC
    fleet, this CPU with its core count), into ``WORK/runs/<model>``.
 3. **Time**: a fresh process loads the exported ``model.so``, checks its outputs against the
@@ -84,6 +85,11 @@ DEFAULT_WORK = ROOT / "bench" / "work" / "vs_runtimes"
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget", type=float, default=480.0, help="tuning seconds per model")
+    parser.add_argument(
+        "--budget-for", action="append", default=[], metavar="MODEL=SECONDS",
+        help="tuning seconds for one model instead of --budget (repeatable): the budget a "
+        "model needs is stated per model in the results",
+    )  # fmt: skip
     parser.add_argument("--trials", type=int, default=TRIALS, help="gradtune tune --trials")
     parser.add_argument("--repeats", type=int, default=11, help=f"timing repeats (≥ {MIN_REPEATS})")
     parser.add_argument("--models", nargs="+", default=None, choices=sorted(MODELS))
@@ -108,6 +114,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     resolve_out(args, DEFAULT_WORK)
     if args.repeats < MIN_REPEATS:
         parser.error(f"--repeats must be at least {MIN_REPEATS}")
+    args.budgets = {}
+    for item in args.budget_for:
+        name, _, seconds = item.partition("=")
+        if name not in MODELS:
+            parser.error(f"--budget-for {item}: no benchmark model {name!r}")
+        try:
+            args.budgets[name] = float(seconds)
+        except ValueError:
+            parser.error(f"--budget-for {item}: {seconds!r} is not a number of seconds")
+        if not args.budgets[name] > 0:
+            parser.error(f"--budget-for {item}: the budget must be above 0 s")
     try:
         args.tune_args = shlex.split(args.tune_args)
     except ValueError as err:
@@ -117,6 +134,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if not args.alongside.is_dir():
             parser.error(f"--alongside: {args.alongside} is not a directory")
     return args
+
+
+def budget_of(args: argparse.Namespace, model: str) -> float:
+    """The tuning seconds of ``model``: its ``--budget-for``, else ``--budget``."""
+    return args.budgets.get(model, args.budget)
 
 
 def result_path(work: Path, model: str) -> Path:
@@ -303,14 +325,14 @@ def tuned_at(summary: dict[str, Any]) -> str:
 def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
     work = args.work
     load_before = os.getloadavg()
-    summary = tune(work, bench, args.budget, args.trials, args.tune_args)
+    summary = tune(work, bench, budget_of(args, bench.name), args.trials, args.tune_args)
     timing = time_in_child(work, bench.name, args.repeats, args.alongside)
     result = {
         "model": bench.name,
         "zoo_model": bench.zoo_name,
         "source_sha1": bench.source_sha1(),
         "framework": summary["framework"],
-        "budget_s": args.budget,
+        "budget_s": budget_of(args, bench.name),
         "trials_budget": args.trials,
         "tune_args": args.tune_args,
         "search": summary["search"],
@@ -340,7 +362,7 @@ def fmt(value: float | None, spec: str = ".2f") -> str:
 def gather(args: argparse.Namespace, names: list[str], failed: dict[str, str]) -> dict[str, Any]:
     results = {}
     for name in names:
-        if finished(args.work, MODELS[name], args.budget, args.trials, args.tune_args):
+        if finished(args.work, MODELS[name], budget_of(args, name), args.trials, args.tune_args):
             result = json.loads(result_path(args.work, name).read_text())
             if "tuned_at" not in result:  # recorded before results named their tune's commit
                 summary = json.loads((run_dir(args.work, name) / "summary.json").read_text())
@@ -351,6 +373,7 @@ def gather(args: argparse.Namespace, names: list[str], failed: dict[str, str]) -
         "commit": git_commit(),
         "machine": machine(next((r["target"] for r in results.values()), None)),
         "budget_s": args.budget,
+        "budget_for": args.budgets,
         "trials_budget": args.trials,
         "tune_args": args.tune_args,
         "partial": len(results) < len(names),
@@ -372,7 +395,13 @@ def markdown(data: dict[str, Any]) -> str:
         conditions(data["commit"], m) + " Each model tuned by `gradtune tune --time-budget "
         f"{data['budget_s']:.0f} --trials {data['trials_budget']}"
         + "".join(f" {shlex.quote(a)}" for a in data.get("tune_args", []))
-        + "` (every other option the CLI's default), then its compiled library timed against the "
+        + "`"
+        + (
+            " (or the seconds its row's budget column states, `--budget-for`)"
+            if any(r["budget_s"] != data["budget_s"] for r in data["models"].values())
+            else ""
+        )
+        + " (every other option the CLI's default), then its compiled library timed against the "
         "peers interleaved in one fresh process, all on the target's core count (median of the "
         "repeats). Ratio = tuned ms / peer ms: below 1 the tuned model is faster. The machine "
         "may be shared: see the load averages (1, 5, 15 min) recorded per model. The commit "
@@ -383,15 +412,17 @@ def markdown(data: dict[str, Any]) -> str:
         "factor; timed "
         f"again up to {TIMING_ATTEMPTS} times until near), 'unprobed' before the probe.",
         "",
-        "| model | zoo | tuned at | trials | tuned ms | ONNX Runtime ms | torch.compile ms "
-        "| eager ms | vs ORT | vs torch.compile | vs eager | cores | load avg (timing) |",
-        "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+        "| model | zoo | budget s | tuned at | trials | tuned ms | ONNX Runtime ms "
+        "| torch.compile ms | eager ms | vs ORT | vs torch.compile | vs eager | cores "
+        "| load avg (timing) |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     notes = []
     for name, r in data["models"].items():
         p = r["peers"]
         cells = [
-            name, r["zoo_model"] or "held out", r["tuned_at"], str(r["trials"]),
+            name, r["zoo_model"] or "held out", f"{r['budget_s']:.0f}", r["tuned_at"],
+            str(r["trials"]),
             f"{r['tuned_ms']:.3f}",
             fmt(p["ONNX Runtime"]["ms"], ".3f"), fmt(p["torch.compile"]["ms"], ".3f"),
             fmt(p["PyTorch eager"]["ms"], ".3f"), fmt(r["vs_ort"]), fmt(r["vs_torch_compile"]),
@@ -468,7 +499,7 @@ def main(argv: list[str] | None = None) -> int:
     failed: dict[str, str] = {}
     for name in [] if args.render else names:
         bench = MODELS[name]
-        if finished(args.work, bench, args.budget, args.trials, args.tune_args):
+        if finished(args.work, bench, budget_of(args, name), args.trials, args.tune_args):
             print(f"{name}: done before, kept", flush=True)
             continue
         try:

@@ -93,6 +93,9 @@ def test_bad_tune_args_or_alongside_fail_in_one_line_before_any_tune(tmp_path):
     for extra, says in [
         (["--tune-args", "--conv-layout 'NCHWc"], "--tune-args"),
         (["--alongside", str(tmp_path / "missing")], "is not a directory"),
+        (["--budget-for", "resnet=900"], "no benchmark model 'resnet'"),
+        (["--budget-for", "unet_small=15min"], "'15min' is not a number of seconds"),
+        (["--budget-for", "unet_small=0"], "must be above 0 s"),
     ]:
         done = subprocess.run(
             [sys.executable, str(BENCH / "vs_runtimes.py"), "--work", str(tmp_path / "w"),
@@ -109,7 +112,7 @@ def test_the_markdown_names_the_tune_args_and_the_library_timed_alongside(bench_
 
     peers = {p: {"ms": 0.2, "error": None}
              for p in ("ONNX Runtime", "torch.compile", "PyTorch eager")}  # fmt: skip
-    row = {"zoo_model": "resnet18_like", "tuned_at": "abc1234", "trials": 600,
+    row = {"zoo_model": "resnet18_like", "budget_s": 480.0, "tuned_at": "abc1234", "trials": 600,
            "tuned_ms": 0.18, "peers": peers, "vs_ort": 0.9, "vs_torch_compile": 0.9,
            "vs_eager": 0.9, "timing": {"state": "near"}, "loadavg_before": [1.0, 1.0, 1.0],
            "alongside": "/w/default", "alongside_ms": 0.2, "vs_alongside": 0.9,
@@ -122,3 +125,36 @@ def test_the_markdown_names_the_tune_args_and_the_library_timed_alongside(bench_
     text = vs_runtimes.markdown(data)
     assert "`gradtune tune --time-budget 480 --trials 5000 --conv-layout NCHWc`" in text
     assert "- resnet18_like: 0.180 against 0.200 ms (/w/default): 0.90" in text
+
+
+def test_a_model_s_own_budget_decides_whether_it_is_finished_and_is_stated(tmp_path, bench_on_path):
+    """``--budget-for`` gives one model its own budget: its result counts as finished only at
+    that budget, the others' at ``--budget``, and the markdown states each row's."""
+    import vs_runtimes
+    from searchbench.layout import today_defaults, write_json
+    from searchbench.models import MODELS
+
+    peers = {p: {"ms": 0.2, "error": None}
+             for p in ("ONNX Runtime", "torch.compile", "PyTorch eager")}  # fmt: skip
+    for name, budget in [("unet_small", 1200.0), ("bert_block", 480.0)]:
+        write_json(vs_runtimes.result_path(tmp_path, name), {
+            "budget_s": budget, "trials_budget": 5000, "source_sha1": MODELS[name].source_sha1(),
+            "gradient_config": today_defaults(), "timing": {"state": "near"},
+            "zoo_model": None, "tuned_at": "abc1234", "trials": 600, "tuned_ms": 0.18,
+            "peers": peers, "vs_ort": 0.9, "vs_torch_compile": 0.9, "vs_eager": 0.9,
+            "loadavg_before": [1.0, 1.0, 1.0], "groups": [],
+            "target": {"kind": "llvm", "num-cores": 2},
+        })  # fmt: skip
+    base = ["--work", str(tmp_path), "--models", "unet_small", "bert_block"]
+    args = vs_runtimes.parse_args(base)
+    args.work = tmp_path
+    assert list(vs_runtimes.gather(args, args.models, {})["models"]) == ["bert_block"]
+    args = vs_runtimes.parse_args([*base, "--budget-for", "unet_small=1200"])
+    args.work = tmp_path
+    data = vs_runtimes.gather(args, args.models, {})
+    assert list(data["models"]) == ["unet_small", "bert_block"] and not data["partial"]
+    text = vs_runtimes.markdown(data)
+    assert "(or the seconds its row's budget column states, `--budget-for`)" in text
+    assert "| unet_small | held out | 1200 | abc1234 |" in text
+    assert "| bert_block | held out | 480 | abc1234 |" in text
+    assert vs_runtimes.summary_line(data)["models"]["unet_small"]["budget_s"] == 1200.0

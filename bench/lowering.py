@@ -52,6 +52,10 @@ Protocol:
 of them, most FLOPs first): a kernel of few FLOPs, such as a softmax, can still be much of a
 model's time. Its runs and results (``lowering_NAME.{md,json}``) are kept apart; so are the
 results of other ``--variants`` than the default pair (``lowering_nhwc.{md,json}``).
+``--stride S`` tunes only the 2-D convolutions of stride S (``lowering_stride2_nhwc.{md,json}``):
+a stride-2 convolution reads every other input column, so the plain layout's vector over the
+output's columns becomes a strided load, while NHWC's or NCHWc's vector over output channels
+does not.
 
 Resumable: a finished run's ``result.json`` is kept; a run without one is redone from
 nothing. Writes ``--out``/lowering.{md,json} (PARTIAL until every run finished); the last line
@@ -115,6 +119,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks", type=int, default=3, help="tasks tuned per model")
     parser.add_argument("--operator", default=None, metavar="NAME",
                         help="tune kernels whose operators include NAME (softmax)")  # fmt: skip
+    parser.add_argument("--stride", type=int, default=None, metavar="S",
+                        help="tune the 2-D convolutions of stride S only (2: the downsampling "
+                        "ones)")  # fmt: skip
     parser.add_argument("--trials", type=int, default=64, help="trials per task")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--search", default="evolutionary", choices=("evolutionary", "gradient"))
@@ -139,6 +146,8 @@ def check(args: argparse.Namespace) -> str | None:
         return f"unknown variant {', '.join(wrong)} (choose from {', '.join(others)})"
     if min(args.tasks, args.trials, args.repeats) < 1:
         return "--tasks, --trials and --repeats must be at least 1"
+    if args.stride is not None and args.stride < 1:
+        return "--stride must be at least 1"
     return None
 
 
@@ -150,6 +159,7 @@ def variants(args: argparse.Namespace) -> list[str]:
 def root(args: argparse.Namespace) -> Path:
     """Runs of one setting live apart from any other's."""
     which = f"{args.operator}-" if args.operator else ""
+    which += f"stride{args.stride}-" if args.stride else ""
     return args.work / f"{args.search}-{which}{args.tasks}tasks-{args.trials}trials"
 
 
@@ -171,12 +181,32 @@ def plan(args: argparse.Namespace) -> list[tuple[str, str, int]]:
 # --------------------------------------------------------------------------- one run (child)
 
 
-def ranked(tasks: list[Any], count: int, operator: str | None = None) -> list[Any]:
+def ranked(
+    tasks: list[Any], count: int, operator: str | None = None, stride: int | None = None
+) -> list[Any]:
     """The ``count`` tasks with the most FLOPs per inference, largest first; with
-    ``operator``, only tasks of which it is one of the operators."""
+    ``operator``, only tasks of which it is one of the operators; with ``stride``, only 2-D
+    convolutions of that stride."""
     if operator:
         tasks = [t for t in tasks if operator in kernel_key(t)[0].split("+")]
+    if stride:
+        tasks = [t for t in tasks if conv_stride(t) == stride]
     return sorted(tasks, key=lambda t: (-t.weight * t.flops, t.kernel_class))[:count]
+
+
+def conv_stride(task: Any) -> int | None:
+    """A plain (NCHW) 2-D convolution kernel's stride: its data's height over its output's,
+    rounded down (padding and the window change them by less than a stride); None for
+    another kernel. Fusion keeps the convolution's data first and its output last."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    if "conv2d" not in task.kernel_class.split("+"):
+        return None
+    args = ArgInfo.from_prim_func(task.mod["main"])
+    data, out = (tuple(int(d) for d in a.shape) for a in (args[0], args[-1]))
+    if len(data) != 4 or len(out) != 4 or out[2] == 0:
+        return None
+    return data[2] // out[2]
 
 
 def kernel_key(task: Any) -> tuple:
@@ -226,9 +256,11 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
     exact = Lowering(**VARIANTS[BASELINE])
     plain = extract(prepare(imported.mod, imported.params, target, exact), target)
     fused = prepare(imported.mod, imported.params, target, Lowering(**VARIANTS[variant]))
-    chosen = same_kernels(plain, extract(fused, target), ranked(plain, args.tasks, args.operator))
+    chosen = ranked(plain, args.tasks, args.operator, args.stride)
+    chosen = same_kernels(plain, extract(fused, target), chosen)
     if not chosen:
-        raise RuntimeError(f"{model}: no kernel has the operator {args.operator!r}")
+        asked = ((k, v) for k, v in (("operator", args.operator), ("stride", args.stride)) if v)
+        raise RuntimeError(f"{model}: no kernel matches {' '.join(f'--{k} {v}' for k, v in asked)}")
     measure_untuned(chosen, target)
     out = run_dir(args, model, variant, repeat)
     start = time.perf_counter()
@@ -292,6 +324,8 @@ def child(args: argparse.Namespace, extra: list[str], log: Path) -> int:
             "--variants", *args.variants, *extra]  # fmt: skip
     if args.operator:
         argv += ["--operator", args.operator]
+    if args.stride:
+        argv += ["--stride", str(args.stride)]
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("a") as out:
         return subprocess.run(argv, cwd=ROOT, stdout=out, stderr=subprocess.STDOUT).returncode
@@ -392,12 +426,18 @@ def gather(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def which(args: argparse.Namespace) -> str:
-    return f" of those whose operators include {args.operator}" if args.operator else ""
+    kinds = [f"whose operators include {args.operator}"] if args.operator else []
+    kinds += [f"2-D convolutions of stride {args.stride}"] if args.stride else []
+    return f" of those {' and '.join(kinds)}" if kinds else ""
 
 
 def stem(args: argparse.Namespace) -> str:
     """Results of other kernels (``--operator``), or of other variants than the default
     set, go to files of their own."""
+    if args.stride:
+        kind = f"{args.operator}_" if args.operator else ""
+        names = "_".join(v.replace("+", "-") for v in args.variants)
+        return f"lowering_{kind}stride{args.stride}_{names}"
     if args.operator:
         return f"lowering_{args.operator}"
     if sorted(args.variants) == sorted(DEFAULT_VARIANTS):

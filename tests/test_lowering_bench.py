@@ -18,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("bench_on_path")
         (["--models", "mbconv_se", "no_such_model"], "unknown model no_such_model"),
         (["--variants", "fast_math", "turbo"], "unknown variant turbo"),
         (["--trials", "0"], "at least 1"),
+        (["--stride", "0"], "--stride must be at least 1"),
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
@@ -116,3 +117,40 @@ def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
     softmax = ranked(plain, 3, "softmax")
     assert [t.kernel_class for t in softmax] == ["softmax"]
     assert ["fast_softmax" in t.name for t in same_kernels(plain, fast, softmax)] == [True]
+
+
+def test_stride_picks_the_downsampling_convolutions_in_every_layout(tmp_path, llvm_target):
+    """``--stride 2`` picks the stride-2 convolutions (a 3×3 and a 1×1 shortcut, padded or
+    not), never the stride-1 one of more FLOPs nor the pooling, and the same kernels are found
+    again in NHWC and in blocked channels; their runs and results live apart."""
+    from lowering import conv_stride, ranked, root, same_kernels, stem
+
+    from gradtune.frontend import load_model
+    from gradtune.partition import Lowering, extract, prepare
+
+    source = tmp_path / "strided.py"
+    source.write_text(
+        "import torch\n"
+        "from torch import nn\n\n\n"
+        "def get_model():\n"
+        "    torch.manual_seed(0)\n"
+        "    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),\n"
+        "                          nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.ReLU(),\n"
+        "                          nn.Conv2d(16, 32, 1, stride=2))\n"
+        "    return model.eval(), (torch.randn(1, 8, 32, 32),)\n"
+    )
+    model = load_model(source)
+    exact = Lowering(fast_math=False)
+    plain = extract(prepare(model.mod, model.params, llvm_target, exact), llvm_target)
+    strides = sorted(s for s in map(conv_stride, plain) if s is not None)
+    assert strides == [1, 2, 2]
+    chosen = ranked(plain, 3, stride=2)
+    assert len(chosen) == 2 and all(conv_stride(t) == 2 for t in chosen)
+    assert [t.flops for t in chosen] == sorted((t.flops for t in chosen), reverse=True)
+    for layout in ("NHWC", "NCHWc"):
+        lowering = Lowering(fast_math=False, conv_layout=layout)
+        other = extract(prepare(model.mod, model.params, llvm_target, lowering), llvm_target)
+        assert len(same_kernels(plain, other, chosen)) == 2, layout
+    args = _args(tmp_path, stride=2, operator=None, variants=["nhwc", "nchwc"])
+    assert root(args).name == "evolutionary-stride2-2tasks-64trials"
+    assert stem(args) == "lowering_stride2_nhwc_nchwc"

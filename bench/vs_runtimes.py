@@ -395,13 +395,13 @@ def markdown(data: dict[str, Any]) -> str:
         conditions(data["commit"], m) + " Each model tuned by `gradtune tune --time-budget "
         f"{data['budget_s']:.0f} --trials {data['trials_budget']}"
         + "".join(f" {shlex.quote(a)}" for a in data.get("tune_args", []))
-        + "`"
+        + "` (every other option the CLI's default"
         + (
-            " (or the seconds its row's budget column states, `--budget-for`)"
+            "; `--time-budget` as its row's budget column states, `--budget-for`"
             if any(r["budget_s"] != data["budget_s"] for r in data["models"].values())
             else ""
         )
-        + " (every other option the CLI's default), then its compiled library timed against the "
+        + "), then its compiled library timed against the "
         "peers interleaved in one fresh process, all on the target's core count (median of the "
         "repeats). Ratio = tuned ms / peer ms: below 1 the tuned model is faster. The machine "
         "may be shared: see the load averages (1, 5, 15 min) recorded per model. The commit "

@@ -154,7 +154,7 @@ def test_a_model_s_own_budget_decides_whether_it_is_finished_and_is_stated(tmp_p
     data = vs_runtimes.gather(args, args.models, {})
     assert list(data["models"]) == ["unet_small", "bert_block"] and not data["partial"]
     text = vs_runtimes.markdown(data)
-    assert "(or the seconds its row's budget column states, `--budget-for`)" in text
+    assert "; `--time-budget` as its row's budget column states, `--budget-for`)" in text
     assert "| unet_small | held out | 1200 | abc1234 |" in text
     assert "| bert_block | held out | 480 | abc1234 |" in text
     assert vs_runtimes.summary_line(data)["models"]["unet_small"]["budget_s"] == 1200.0

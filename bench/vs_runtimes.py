@@ -31,6 +31,7 @@ tune's summary.json recorded).
 
     .venv/bin/python bench/vs_runtimes.py [--budget 480] [--models ...] [--work DIR]
     .venv/bin/python bench/vs_runtimes.py --render     # gather the finished models only
+    .venv/bin/python bench/vs_runtimes.py --budget-for unet_small=1200   # its own budget
     nohup .venv/bin/python bench/vs_runtimes.py > /tmp/vs_runtimes.log 2>&1 &
 
 Writes ``--out``/vs_runtimes.{md,json} (commit, machine, load averages; marked PARTIAL until

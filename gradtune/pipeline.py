@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import sys
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -309,6 +310,8 @@ def run_summary(
         "total_trials": tuned.trials + tuned.resumed_trials,
         "tuning_seconds": tuned.seconds,
         "stopped_by_time_budget": tuned.stopped_by_time_budget,
+        # This run's measured batches per task: how far past the warm-up the budget went.
+        "batches_per_task": dict(Counter(r.task for r in tuned.rounds)),
         "measure": job.measure,
         "lowering": job.lowering_options(),
         "measure_seconds": tuned.measure_cost.seconds,  # device time spent timing candidates
@@ -400,6 +403,8 @@ def report_and_register_stage(
     mlflow_uri = job.mlflow_uri or registry.default_tracking_uri(job.out_dir)
     summary = run_summary(job, model, tasks, tuned, compiled, mlflow_uri)
     files = report.write_report(job.out_dir, summary, tasks, tuned.rounds, tuned.best_us)
+    if warning := report.budget_warning(summary):
+        log.warning("%s", warning)  # the console and, in a flow, the run's logs
     rounds, search_table = [], []
     for r in tuned.rounds:
         metrics = {

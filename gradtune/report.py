@@ -182,6 +182,27 @@ def plot_progress(rounds: list[RoundLog], untuned_us: float, path: Path, title: 
     return path
 
 
+def budget_warning(summary: dict[str, Any]) -> str | None:
+    """Why most kernels are barely tuned, when the time budget ended the run in the warm-up.
+
+    MetaSchedule's task scheduler gives every task one batch before it returns to the slowest,
+    whatever the task's share of the latency: with a dozen tasks, batches of 25 and ~1 s a
+    trial on 2 cores, that warm-up is most of a 480 s budget. None unless the budget stopped
+    the run with more than half the tasks measured in one batch at most."""
+    batches = summary.get("batches_per_task")
+    if not summary.get("stopped_by_time_budget") or batches is None:
+        return None
+    tasks = summary["tasks"]
+    once = tasks - sum(1 for n in batches.values() if n >= 2)
+    if 2 * once <= tasks:
+        return None
+    return (
+        f"The time budget ended the run while {once} of {tasks} tasks had been measured in one"
+        " batch at most (every task gets a batch before the search returns to the slowest), so"
+        " their kernels are barely tuned: a larger --time-budget tunes them further."
+    )
+
+
 def confirm_lines(summary: dict[str, Any]) -> list[str]:
     """What the confirmation did, when it ran: the tuned column is then its quiet timing."""
     if "confirmed_tasks" not in summary:
@@ -217,6 +238,7 @@ def write_report(
         f"- search: {summary['search']}; trials this run: {summary['trials']}"
         f" (+{summary['resumed_trials']} resumed); tuning time {summary['tuning_seconds']:.1f} s",
         f"- registered: `{summary['registered']}` at `{summary['mlflow_uri']}`",
+        *([f"- **budget:** {warning}"] if (warning := budget_warning(summary)) else []),
         "",
         "## End-to-end latency (median of interleaved repeats)",
         "",

@@ -75,6 +75,22 @@ def test_ratios_are_plain_over_each_variant_per_task_then_geomean(tmp_path):
     assert line["models"]["mbconv_se"]["prepack"]["kernel_ratio"] == pytest.approx(2**0.5)
 
 
+def _lowerings(tmp_path: Path, target, shape: str, layers: str):
+    """A function from a ``Lowering`` to the tasks of ``nn.Sequential(layers)`` on a random
+    input of ``shape``, imported as a user's model file would be."""
+    from gradtune.frontend import load_model
+    from gradtune.partition import extract, prepare
+
+    source = tmp_path / "net.py"
+    source.write_text(
+        "import torch\nfrom torch import nn\n\n\ndef get_model():\n    torch.manual_seed(0)\n"
+        f"    model = nn.Sequential({layers})\n"
+        f"    return model.eval(), (torch.randn({shape}),)\n"
+    )
+    model = load_model(source)
+    return lambda lowering: extract(prepare(model.mod, model.params, target, lowering), target)
+
+
 def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
     """The chosen kernels are found again in the fast-math lowering by operators and argument
     shapes, though their names and the task order differ, and in NHWC, though the shapes are
@@ -82,26 +98,15 @@ def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
     ``--operator`` picks kernels by an operator instead: the softmax, whatever its FLOPs."""
     from lowering import ranked, same_kernels
 
-    from gradtune.frontend import load_model
-    from gradtune.partition import Lowering, extract, prepare
+    from gradtune.partition import Lowering
 
-    source = tmp_path / "two_silu.py"
-    source.write_text(
-        "import torch\n"
-        "from torch import nn\n\n\n"
-        "def get_model():\n"
-        "    torch.manual_seed(0)\n"
-        "    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2),\n"
-        "                          nn.Conv2d(8, 16, 1), nn.SiLU(), nn.Flatten(),\n"
-        "                          nn.Linear(256, 10), nn.Softmax(dim=1))\n"
-        "    return model.eval(), (torch.randn(1, 3, 8, 8),)\n"
-    )
-    model = load_model(source)
-    exact = Lowering(fast_math=False)
-    plain = extract(prepare(model.mod, model.params, llvm_target, exact), llvm_target)
-    fast = extract(
-        prepare(model.mod, model.params, llvm_target, Lowering(fast_math=True)), llvm_target
-    )
+    lower = _lowerings(
+        tmp_path, llvm_target, "1, 3, 8, 8",
+        "nn.Conv2d(3, 8, 3, padding=1), nn.SiLU(), nn.MaxPool2d(2), nn.Conv2d(8, 16, 1), "
+        "nn.SiLU(), nn.Flatten(), nn.Linear(256, 10), nn.Softmax(dim=1)",
+    )  # fmt: skip
+    plain = lower(Lowering(fast_math=False))
+    fast = lower(Lowering(fast_math=True))
     chosen = ranked(plain, 3)
     found = same_kernels(plain, fast, chosen)
     assert [t.name for t in found] != [t.name for t in chosen]  # renamed: fast_sigmoid
@@ -111,8 +116,7 @@ def test_a_variant_tunes_the_kernels_plain_ranked_first(tmp_path, llvm_target):
         assert old.flops <= new.flops  # the approximation's arithmetic, never fewer
     assert len({t.name for t in found}) == 3
     # In NHWC the convolutions' arguments are permuted (HWIO weights): found all the same.
-    nhwc = Lowering(fast_math=False, conv_layout="NHWC")
-    channels_last = extract(prepare(model.mod, model.params, llvm_target, nhwc), llvm_target)
+    channels_last = lower(Lowering(fast_math=False, conv_layout="NHWC"))
     assert [t.name for t in same_kernels(plain, channels_last, chosen)] == [t.name for t in chosen]
     softmax = ranked(plain, 3, "softmax")
     assert [t.kernel_class for t in softmax] == ["softmax"]
@@ -125,31 +129,21 @@ def test_stride_picks_the_downsampling_convolutions_in_every_layout(tmp_path, ll
     again in NHWC and in blocked channels; their runs and results live apart."""
     from lowering import conv_stride, ranked, root, same_kernels, stem
 
-    from gradtune.frontend import load_model
-    from gradtune.partition import Lowering, extract, prepare
+    from gradtune.partition import Lowering
 
-    source = tmp_path / "strided.py"
-    source.write_text(
-        "import torch\n"
-        "from torch import nn\n\n\n"
-        "def get_model():\n"
-        "    torch.manual_seed(0)\n"
-        "    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),\n"
-        "                          nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.ReLU(),\n"
-        "                          nn.Conv2d(16, 32, 1, stride=2))\n"
-        "    return model.eval(), (torch.randn(1, 8, 32, 32),)\n"
-    )
-    model = load_model(source)
-    exact = Lowering(fast_math=False)
-    plain = extract(prepare(model.mod, model.params, llvm_target, exact), llvm_target)
+    lower = _lowerings(
+        tmp_path, llvm_target, "1, 8, 32, 32",
+        "nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), "
+        "nn.Conv2d(16, 16, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 1, stride=2)",
+    )  # fmt: skip
+    plain = lower(Lowering(fast_math=False))
     strides = sorted(s for s in map(conv_stride, plain) if s is not None)
     assert strides == [1, 2, 2]
     chosen = ranked(plain, 3, stride=2)
     assert len(chosen) == 2 and all(conv_stride(t) == 2 for t in chosen)
     assert [t.flops for t in chosen] == sorted((t.flops for t in chosen), reverse=True)
     for layout in ("NHWC", "NCHWc"):
-        lowering = Lowering(fast_math=False, conv_layout=layout)
-        other = extract(prepare(model.mod, model.params, llvm_target, lowering), llvm_target)
+        other = lower(Lowering(fast_math=False, conv_layout=layout))
         assert len(same_kernels(plain, other, chosen)) == 2, layout
     args = _args(tmp_path, stride=2, operator=None, variants=["nhwc", "nchwc"])
     assert root(args).name == "evolutionary-stride2-2tasks-64trials"

@@ -194,16 +194,21 @@ def ranked(
     return sorted(tasks, key=lambda t: (-t.weight * t.flops, t.kernel_class))[:count]
 
 
+def arg_shapes(task: Any) -> list[tuple[int, ...]]:
+    """The shapes of a kernel's arguments, in its PrimFunc's order."""
+    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
+
+    return [tuple(int(d) for d in arg.shape) for arg in ArgInfo.from_prim_func(task.mod["main"])]
+
+
 def conv_stride(task: Any) -> int | None:
     """A plain (NCHW) 2-D convolution kernel's stride: its data's height over its output's,
     rounded down (padding and the window change them by less than a stride); None for
     another kernel. Fusion keeps the convolution's data first and its output last."""
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
     if "conv2d" not in task.kernel_class.split("+"):
         return None
-    args = ArgInfo.from_prim_func(task.mod["main"])
-    data, out = (tuple(int(d) for d in a.shape) for a in (args[0], args[-1]))
+    shapes = arg_shapes(task)
+    data, out = shapes[0], shapes[-1]
     if len(data) != 4 or len(out) != 4 or out[2] == 0:
         return None
     return data[2] // out[2]
@@ -219,12 +224,9 @@ def kernel_key(task: Any) -> tuple:
     import math
     import re
 
-    from tvm.s_tir.meta_schedule.arg_info import ArgInfo
-
     ops = re.sub(r"\b(tir|fast)\+", "", task.kernel_class).replace("conv2d_NCHWc", "conv2d")
     ops = ops.replace("subtract+divide+multiply+add", "add")
-    args = ArgInfo.from_prim_func(task.mod["main"])
-    sizes = [math.prod(int(d) for d in arg.shape) for arg in args]
+    sizes = [math.prod(shape) for shape in arg_shapes(task)]
     return ops, tuple(sizes[:2] + sizes[-1:])
 
 
@@ -259,8 +261,10 @@ def one(args: argparse.Namespace, model: str, variant: str, repeat: int) -> dict
     chosen = ranked(plain, args.tasks, args.operator, args.stride)
     chosen = same_kernels(plain, extract(fused, target), chosen)
     if not chosen:
-        asked = ((k, v) for k, v in (("operator", args.operator), ("stride", args.stride)) if v)
-        raise RuntimeError(f"{model}: no kernel matches {' '.join(f'--{k} {v}' for k, v in asked)}")
+        asked = {"--operator": args.operator, "--stride": args.stride}
+        raise RuntimeError(
+            f"{model}: no kernel matches " + " ".join(f"{k} {v}" for k, v in asked.items() if v)
+        )
     measure_untuned(chosen, target)
     out = run_dir(args, model, variant, repeat)
     start = time.perf_counter()

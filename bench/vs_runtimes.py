@@ -326,14 +326,15 @@ def tuned_at(summary: dict[str, Any]) -> str:
 def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
     work = args.work
     load_before = os.getloadavg()
-    summary = tune(work, bench, budget_of(args, bench.name), args.trials, args.tune_args)
+    budget = budget_of(args, bench.name)
+    summary = tune(work, bench, budget, args.trials, args.tune_args)
     timing = time_in_child(work, bench.name, args.repeats, args.alongside)
     result = {
         "model": bench.name,
         "zoo_model": bench.zoo_name,
         "source_sha1": bench.source_sha1(),
         "framework": summary["framework"],
-        "budget_s": budget_of(args, bench.name),
+        "budget_s": budget,
         "trials_budget": args.trials,
         "tune_args": args.tune_args,
         "search": summary["search"],

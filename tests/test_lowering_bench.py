@@ -145,6 +145,6 @@ def test_stride_picks_the_downsampling_convolutions_in_every_layout(tmp_path, ll
     for layout in ("NHWC", "NCHWc"):
         other = lower(Lowering(fast_math=False, conv_layout=layout))
         assert len(same_kernels(plain, other, chosen)) == 2, layout
-    args = _args(tmp_path, stride=2, operator=None, variants=["nhwc", "nchwc"])
+    args = _args(tmp_path, stride=2, variants=["nhwc", "nchwc"])
     assert root(args).name == "evolutionary-stride2-2tasks-64trials"
     assert stem(args) == "lowering_stride2_nhwc_nchwc"

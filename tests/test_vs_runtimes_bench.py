@@ -8,6 +8,9 @@ import sys
 
 from tests.conftest import BENCH, ROOT
 
+# Every peer ran, at 0.2 ms: the rows of a result the markdown is rendered from.
+PEERS = {p: {"ms": 0.2, "error": None} for p in ("ONNX Runtime", "torch.compile", "PyTorch eager")}
+
 
 def test_render_tunes_nothing_and_marks_a_partial_result(tmp_path):
     done = subprocess.run(
@@ -110,10 +113,8 @@ def test_bad_tune_args_or_alongside_fail_in_one_line_before_any_tune(tmp_path):
 def test_the_markdown_names_the_tune_args_and_the_library_timed_alongside(bench_on_path):
     import vs_runtimes
 
-    peers = {p: {"ms": 0.2, "error": None}
-             for p in ("ONNX Runtime", "torch.compile", "PyTorch eager")}  # fmt: skip
     row = {"zoo_model": "resnet18_like", "budget_s": 480.0, "tuned_at": "abc1234", "trials": 600,
-           "tuned_ms": 0.18, "peers": peers, "vs_ort": 0.9, "vs_torch_compile": 0.9,
+           "tuned_ms": 0.18, "peers": PEERS, "vs_ort": 0.9, "vs_torch_compile": 0.9,
            "vs_eager": 0.9, "timing": {"state": "near"}, "loadavg_before": [1.0, 1.0, 1.0],
            "alongside": "/w/default", "alongside_ms": 0.2, "vs_alongside": 0.9,
            "groups": []}  # fmt: skip
@@ -134,14 +135,12 @@ def test_a_model_s_own_budget_decides_whether_it_is_finished_and_is_stated(tmp_p
     from searchbench.layout import today_defaults, write_json
     from searchbench.models import MODELS
 
-    peers = {p: {"ms": 0.2, "error": None}
-             for p in ("ONNX Runtime", "torch.compile", "PyTorch eager")}  # fmt: skip
     for name, budget in [("unet_small", 1200.0), ("bert_block", 480.0)]:
         write_json(vs_runtimes.result_path(tmp_path, name), {
             "budget_s": budget, "trials_budget": 5000, "source_sha1": MODELS[name].source_sha1(),
             "gradient_config": today_defaults(), "timing": {"state": "near"},
             "zoo_model": None, "tuned_at": "abc1234", "trials": 600, "tuned_ms": 0.18,
-            "peers": peers, "vs_ort": 0.9, "vs_torch_compile": 0.9, "vs_eager": 0.9,
+            "peers": PEERS, "vs_ort": 0.9, "vs_torch_compile": 0.9, "vs_eager": 0.9,
             "loadavg_before": [1.0, 1.0, 1.0], "groups": [],
             "target": {"kind": "llvm", "num-cores": 2},
         })  # fmt: skip

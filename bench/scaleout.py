@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -39,6 +38,8 @@ from typing import Any
 
 from searchbench.layout import add_work_and_out, resolve_out
 from searchbench.report import git_commit
+
+from gradtune import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 ONE_CORE = json.dumps({"kind": "llvm", "num-cores": 1})
@@ -111,13 +112,6 @@ def cached(path: Path, make) -> dict[str, Any]:
     return result
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.machine()
-
-
 def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.1f} [{min(values):.1f}–{max(values):.1f}]"
 
@@ -145,7 +139,7 @@ def render(work: Path, out: Path) -> dict[str, Any]:
     lines = [
         "# Scale-out: RPC servers and Dask workers on this machine",
         "",
-        f"Commit {summary['commit']}; {cpu_name()} with "
+        f"Commit {summary['commit']}; {machine.cpu_name()} with "
         f"{os.cpu_count()} logical cores; load average {min(loads):.1f}–{max(loads):.1f} around "
         "the runs. Command: `.venv/bin/python bench/scaleout.py` (protocol in its docstring).",
         "",

@@ -219,7 +219,7 @@ def time_library(
     handed = [handoff_timer(s, a) for s, a in kernel_calls]
     handed_counts = [repeats_for(t) for t in handed]
     n_e2e = repeats_for(e2e_timer)
-    probe = crosscore.LinkProbe()
+    probe = crosscore.LinkProbe(crosscore.reference_path())
     e2e, summed, summed_flushed, summed_handoff, link_ns = [], [], [], [], [probe()]
     for _ in range(rounds):
         e2e.append(e2e_timer(n_e2e) * 1e6)
@@ -233,6 +233,7 @@ def time_library(
         "kernels_flushed_us": summed_flushed,
         "kernels_handoff_us": summed_handoff,
         "link_ns": link_ns,
+        "reference_ns": probe.fastest,  # the machine's fastest probe yet (crosscore)
         "kernel_calls": len(kernel_calls),
         "builtin_calls": len(calls) - len(kernel_calls),
     }
@@ -244,9 +245,10 @@ def time_library(
 def summarize(per: list[dict[str, Any]]) -> dict[str, Any]:
     """One library's row at one thread count from its passes (``time_library``'s records):
     medians over each pass's rounds with the cores near, then over the passes. NEAR is the
-    fastest probe of all the passes, so a pass spent wholly apart keeps its APART rounds
-    (``compilation.Timing``) and says so in ``states``."""
-    reference = crosscore.fastest(p["link_ns"] for p in per)
+    fastest probe of all the passes or of the machine before them, so a pass spent wholly
+    apart keeps its APART rounds (``compilation.Timing``) and says so in ``states``."""
+    known = [p.get("reference_ns") for p in per]  # absent from records before the cache
+    reference = crosscore.fastest([*(p["link_ns"] for p in per), known])
     timings = [
         Timing(
             {

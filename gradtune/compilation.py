@@ -12,7 +12,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -205,14 +205,16 @@ class Timing:
 
     def conditions(self, reference: float | None = None) -> dict[str, Any]:
         """What a result records of the timing: the state kept, its rounds of all, the probe's
-        range (ns per empty parallel launch)."""
+        range and the reading ``NEAR`` was judged by (ns per empty parallel launch)."""
         readings = [x for x in self.link_ns if x is not None]
         state, states = self._states(reference)
+        near = reference or self.reference or (min(readings) if readings else None)
         return {
             "state": state,
             "rounds": len(states),
             "kept_rounds": sum(state in (s, crosscore.MOVED) for s in states),
             "link_ns": [round(min(readings)), round(max(readings))] if readings else None,
+            "near_ns": round(near) if readings and near else None,
         }
 
     def record(self) -> dict[str, Any]:
@@ -220,7 +222,16 @@ class Timing:
         return {"samples": self.samples, "link_ns": self.link_ns, "reference": self.reference}
 
 
-_probe = crosscore.LinkProbe()  # one per process: its fastest reading is the process's NEAR
+def shared_reference(timings: Iterable[Timing]) -> float | None:
+    """What ``NEAR`` means for several timings: the fastest probe any of them read, or the
+    machine's fastest their probe knew before them (``crosscore.LinkProbe``'s cache). A timing
+    spent wholly apart has no ``NEAR`` round of its own to compare with."""
+    timings = list(timings)
+    return crosscore.fastest([*(t.link_ns for t in timings), [t.reference for t in timings]])
+
+
+# One per process, starting from the machine's fastest reading (crosscore): its fastest is NEAR.
+_probe = crosscore.LinkProbe(crosscore.reference_path())
 
 
 def time_rounds(

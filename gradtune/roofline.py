@@ -24,7 +24,6 @@ convolution on one side and run alone on the other moves its time between groups
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import platform
@@ -32,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from . import machine
 from .partition import TuningTask, operator_family
 
 GEMM_N = 2048
@@ -77,43 +77,19 @@ def task_group(kernel_class: str) -> str:
 
 
 def cache_path() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "gradtune" / "peak.json"
-
-
-def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def machine_key(threads: int) -> str:
-    return f"{cpu_name()} | {threads} threads"
+    return machine.cache_dir() / "peak.json"
 
 
 def machine_peak(threads: int, path: Path | None = None) -> dict[str, Any]:
     """The cached peak of this CPU on ``threads`` threads, measured (and cached) if absent."""
     path = path or cache_path()
-    key = machine_key(threads)
-    try:
-        cached = json.loads(path.read_text())
-    except (OSError, ValueError):
-        cached = {}
-    if not isinstance(cached, dict):
-        cached = {}
+    key = machine.machine_key(threads)
+    cached = machine.read_cache(path).get(key)
     # Entries from before both GEMMs were measured (no "gemm_gflops") are measured again.
-    if isinstance(cached.get(key), dict) and {"gflops", "gbps", "gemm_gflops"} <= set(cached[key]):
-        return cached[key]
+    if isinstance(cached, dict) and {"gflops", "gbps", "gemm_gflops"} <= set(cached):
+        return cached
     peak = measure_peak(threads)
-    cached[key] = peak
-    path.parent.mkdir(parents=True, exist_ok=True)
-    partial = path.with_suffix(".partial")
-    partial.write_text(json.dumps(cached, indent=1))
-    partial.replace(path)  # another process reading the cache never sees half a file
+    machine.write_cache(path, key, peak)
     return peak
 
 
@@ -142,7 +118,7 @@ def measure_peak(threads: int) -> dict[str, Any]:
         "gbps": 2 * COPY_BYTES / copy_s / 1e9,
         "gemm_gflops": {name: round(value, 1) for name, value in gemm.items()},
         "threads": threads,
-        "cpu": cpu_name(),
+        "cpu": machine.cpu_name(),
         "host": platform.node(),
         "measured": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "method": (

@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from gradtune import peers, roofline
+from gradtune import machine, peers, roofline
 from gradtune.frontend import ImportedModel, load_model
 from gradtune.partition import extract, prepare
 from tests.conftest import ROOT
@@ -103,11 +103,11 @@ def test_peak_is_measured_once_and_cached_per_cpu_and_thread_count(tmp_path):
     # The faster of two GEMM libraries is the peak, and both are on record.
     assert set(peak["gemm_gflops"]) == {"torch.mm", "onnxruntime MatMul"}
     assert peak["gflops"] == pytest.approx(max(peak["gemm_gflops"].values()), rel=1e-3)
-    assert json.loads(path.read_text()) == {roofline.machine_key(1): peak}
+    assert json.loads(path.read_text()) == {machine.machine_key(1): peak}
     assert roofline.machine_peak(1, path) == peak  # read back: a new measurement would differ
 
     other = {"gflops": 123.0, "gbps": 4.5, "gemm_gflops": {"x": 123.0}, "method": "seeded"}
-    path.write_text(json.dumps({roofline.machine_key(1): peak, roofline.machine_key(7): other}))
+    path.write_text(json.dumps({machine.machine_key(1): peak, machine.machine_key(7): other}))
     assert roofline.machine_peak(7, path) == other
 
 

@@ -157,3 +157,30 @@ def test_a_model_s_own_budget_decides_whether_it_is_finished_and_is_stated(tmp_p
     assert "| unet_small | held out | 1200 | abc1234 |" in text
     assert "| bert_block | held out | 480 | abc1234 |" in text
     assert vs_runtimes.summary_line(data)["models"]["unet_small"]["budget_s"] == 1200.0
+
+
+def test_a_result_timed_wholly_apart_is_labelled_so_against_all_the_results(bench_on_path):
+    """A timing judged by its own fastest probe (before the machine's was kept) calls itself
+    near while its cores sat apart throughout: against the fastest probe of every result it is
+    apart, and the geomean is also given within each state."""
+    import vs_runtimes
+
+    def result(vs_ort: float, link_ns: list[int], **timing) -> dict:
+        return {"vs_ort": vs_ort, "timing": {"state": "near", "link_ns": link_ns, **timing}}
+
+    results = {
+        "a": result(0.8, [472, 600]),
+        "b": result(1.1, [1400, 1700]),  # near only by its own probes
+        "c": result(0.9, [1350, 1500], near_ns=460, state="apart"),  # judged by the machine's
+        "d": {"vs_ort": 1.0, "timing": None},  # timed before the probe
+    }
+    vs_runtimes.label_against_all(results)
+    states = [vs_runtimes.state_of(r) for r in results.values()]
+    assert states == ["near", "apart", "apart", "unprobed"]
+    assert results["b"]["timing"]["near_ns"] == 460
+    both = {"near": {"geomean": 0.85, "models": 2}, "apart": {"geomean": 1.05, "models": 2}}
+    assert vs_runtimes.state_geomeans(both) == (
+        " Within one cores state, vs ONNX Runtime: near 0.85 (2 models), apart 1.05 (2 models)."
+    )
+    assert vs_runtimes.state_geomeans({"near": both["near"]}) == ""
+    assert vs_runtimes.cores_cell(results["b"]) == "apart (1400 ns)"

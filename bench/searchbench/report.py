@@ -10,11 +10,11 @@ from __future__ import annotations
 import json
 import math
 import os
-import platform
 import subprocess
 from pathlib import Path
 from typing import Any
 
+from gradtune.machine import cpu_name
 from searchbench.analysis import (
     OVERRUN_LIMIT_PCT,
     TARGET_SHARE,
@@ -60,15 +60,7 @@ def git_commit() -> str:
 
 
 def machine(target: dict[str, Any] | None) -> dict[str, Any]:
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "logical_cores": os.cpu_count(), "target": target}
+    return {"cpu": cpu_name(), "logical_cores": os.cpu_count(), "target": target}
 
 
 def conditions(commit: str, m: dict[str, Any]) -> str:

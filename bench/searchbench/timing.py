@@ -28,7 +28,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gradtune.crosscore import APART, MOVED, NEAR, fastest
+from gradtune.compilation import shared_reference
+from gradtune.crosscore import APART, MOVED, NEAR
 from searchbench import api
 from searchbench.analysis import paired_ratio
 from searchbench.layout import Layout, write_json
@@ -76,8 +77,8 @@ def passes_of(record: dict[str, Any]) -> list[dict[str, float]]:
 
 def by_state(timings: list[Any]) -> dict[str, list[dict[str, float]]]:
     """Each pass's medians (label → ms), grouped by the cross-core state its kept rounds ran
-    in, NEAR being the fastest probe of all passes."""
-    reference = fastest(t.link_ns for t in timings)
+    in, NEAR being the fastest probe of all passes or of the machine before them."""
+    reference = shared_reference(timings)
     grouped: dict[str, list[dict[str, float]]] = {}
     for timing in timings:
         ms = {label: round(v, 5) for label, v in timing.medians(reference).items()}
@@ -101,7 +102,7 @@ def timed(model: str, found: dict[str, Path], work: Path, passes: int = PASSES) 
         timings.append(api.time_libraries(found, imported.inputs, target))
     grouped = by_state(timings)
     state = next(s for s in (NEAR, APART, MOVED) if grouped.get(s))
-    reference = fastest(t.link_ns for t in timings)
+    reference = shared_reference(timings)
     each = grouped[state]
     record = {
         "model": model,

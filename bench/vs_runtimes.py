@@ -31,6 +31,7 @@ tune's summary.json recorded).
 
     .venv/bin/python bench/vs_runtimes.py [--budget 480] [--models ...] [--work DIR]
     .venv/bin/python bench/vs_runtimes.py --render     # gather the finished models only
+    .venv/bin/python bench/vs_runtimes.py --retime     # time the tuned libraries again
     .venv/bin/python bench/vs_runtimes.py --budget-for unet_small=1200   # its own budget
     nohup .venv/bin/python bench/vs_runtimes.py > /tmp/vs_runtimes.log 2>&1 &
 
@@ -109,6 +110,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "timed in the same rounds as this one's and the peers ('vs_alongside' = this tuned ms "
         "/ that one's)",
     )  # fmt: skip
+    parser.add_argument(
+        "--retime", action="store_true",
+        help="time every tuned model's library again, in this run's cores state (with "
+        "--alongside's); tune nothing",
+    )  # fmt: skip
     parser.add_argument("--render", action="store_true",
                         help="only gather the finished models' results; tune nothing")  # fmt: skip
     # Internal: the timing step, run in a fresh process.
@@ -152,26 +158,34 @@ def run_dir(work: Path, model: str) -> Path:
     return work / "runs" / model
 
 
-def finished(
+def tuned(
     work: Path, bench: BenchModel, budget: float, trials: int, tune_args: list[str] | None = None
-) -> bool:
+) -> dict[str, Any] | None:
+    """The model's result, if it was tuned as asked (however its timing went)."""
     path = result_path(work, bench.name)
     if not path.is_file():
-        return False
+        return None
     result = json.loads(path.read_text())
-    return (
+    as_asked = (
         result.get("budget_s") == budget
         and result.get("trials_budget") == trials
         and result.get("tune_args", []) == (tune_args or [])
         and result.get("source_sha1") == bench.source_sha1()
         # Tuned with the CLI's defaults of then: a default that moved since is tuned again.
         and config_moved(result.get("gradient_config"), today_defaults()) is None
-        # Timed with the cores near, or as often as it takes to give up: else timed again
-        # (the tune stands).
-        and (
-            (result.get("timing") or {}).get("state") == "near"
-            or result.get("timing_attempts", 0) >= TIMING_ATTEMPTS
-        )
+    )
+    return result if as_asked else None
+
+
+def finished(
+    work: Path, bench: BenchModel, budget: float, trials: int, tune_args: list[str] | None = None
+) -> bool:
+    result = tuned(work, bench, budget, trials, tune_args)
+    # Timed with the cores near, or as often as it takes to give up: else timed again (the
+    # tune stands).
+    return result is not None and (
+        (result.get("timing") or {}).get("state") == "near"
+        or result.get("timing_attempts", 0) >= TIMING_ATTEMPTS
     )
 
 
@@ -354,6 +368,19 @@ def bench_model(args: argparse.Namespace, bench: BenchModel) -> dict[str, Any]:
     }
     write_json(result_path(work, bench.name), result)
     return result
+
+
+def retime(args: argparse.Namespace, bench: BenchModel) -> None:
+    """Time a tuned model's library again and keep the new timing in its result: results
+    timed in one sitting share a cores state, and an earlier timing may not have."""
+    result = tuned(args.work, bench, budget_of(args, bench.name), args.trials, args.tune_args)
+    if result is None:
+        print(f"{bench.name}: not tuned as asked in {args.work}: nothing to time", flush=True)
+        return
+    result.update(time_in_child(args.work, bench.name, args.repeats, args.alongside))
+    write_json(result_path(args.work, bench.name), result)
+    state = result["timing"]["state"]
+    print(f"{bench.name}: timed again ({state}), vs ORT {fmt(result['vs_ort'])}", flush=True)
 
 
 # --------------------------------------------------------------------------- results
@@ -545,6 +572,9 @@ def main(argv: list[str] | None = None) -> int:
     failed: dict[str, str] = {}
     for name in [] if args.render else names:
         bench = MODELS[name]
+        if args.retime:
+            retime(args, bench)
+            continue
         if finished(args.work, bench, budget_of(args, name), args.trials, args.tune_args):
             print(f"{name}: done before, kept", flush=True)
             continue

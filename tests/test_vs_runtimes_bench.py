@@ -29,6 +29,17 @@ def test_render_tunes_nothing_and_marks_a_partial_result(tmp_path):
     assert json.loads((tmp_path / "out" / "vs_runtimes.json").read_text())["partial"] is True
 
 
+def test_retime_tunes_nothing_and_says_which_models_had_no_tune(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "vs_runtimes.py"), "--retime", "--work", str(tmp_path / "w"),
+         "--out", str(tmp_path / "out"), "--models", "mbconv_se"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert not (tmp_path / "w" / "runs").exists()
+    assert f"mbconv_se: not tuned as asked in {tmp_path / 'w'}: nothing to time" in done.stdout
+
+
 def test_a_model_tuned_with_defaults_that_moved_since_is_not_finished(tmp_path, bench_on_path):
     """The benchmark tunes with the CLI's defaults: a result whose gradient search ran with
     defaults that have moved since (structural_variants went from 0 to 3) is tuned again, not
@@ -49,7 +60,8 @@ def test_a_model_tuned_with_defaults_that_moved_since_is_not_finished(tmp_path, 
 
 def test_a_model_timed_with_the_cores_apart_is_timed_again(tmp_path, bench_on_path):
     """A result timed while the cores sat apart (gradtune.crosscore) in fewer attempts than
-    TIMING_ATTEMPTS, or before the probe, is not finished: the next run times it again."""
+    TIMING_ATTEMPTS, or before the probe, is not finished: the next run times it again. It
+    was tuned all the same, which is what --retime asks of a result."""
     import vs_runtimes
     from searchbench.layout import today_defaults, write_json
     from searchbench.models import MODELS
@@ -66,6 +78,8 @@ def test_a_model_timed_with_the_cores_apart_is_timed_again(tmp_path, bench_on_pa
     ]:
         write_json(path, {**record, **timing})
         assert vs_runtimes.finished(tmp_path, bench, 480.0, 5000) is finished, timing
+        assert vs_runtimes.tuned(tmp_path, bench, 480.0, 5000) == {**record, **timing}
+    assert vs_runtimes.tuned(tmp_path, bench, 1200.0, 5000) is None  # another budget
 
 
 def test_a_model_tuned_with_other_tune_args_is_not_finished(tmp_path, bench_on_path):

@@ -136,10 +136,14 @@ def test_the_markdown_names_the_tune_args_and_the_library_timed_alongside(bench_
     data = {"commit": "abc1234", "machine": machine, "budget_s": 480.0, "trials_budget": 5000,
             "tune_args": ["--conv-layout", "NCHWc"], "partial": False, "failed": {},
             "models": {"resnet18_like": row}, "geomean_vs_ort": 0.9,
-            "geomean_vs_torch_compile": 0.9}  # fmt: skip
+            "geomean_vs_torch_compile": 0.9, "geomean_vs_ort_alongside": 1.0}  # fmt: skip
     text = vs_runtimes.markdown(data)
     assert "`gradtune tune --time-budget 480 --trials 5000 --conv-layout NCHWc`" in text
     assert "- resnet18_like: 0.180 against 0.200 ms (/w/default): 0.90" in text
+    assert "in these ones' place, the geomean vs ONNX Runtime is 1.00." in text
+    # The alongside library's ratio comes from the same rounds' ONNX Runtime (0.2 ms).
+    assert vs_runtimes.alongside_vs_ort(row) == 1.0
+    assert vs_runtimes.alongside_vs_ort({"vs_ort": 0.9, "alongside_ms": None}) == 0.9
 
 
 def test_a_model_s_own_budget_decides_whether_it_is_finished_and_is_stated(tmp_path, bench_on_path):

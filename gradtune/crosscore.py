@@ -22,7 +22,7 @@ whose cores stay put (bare metal, a VM pinned by its host) every probe reads ali
 round is ``NEAR``. On one thread nothing crosses cores: nothing is probed.
 
 The fastest state is the machine's, not one process's: on a 2-vCPU KVM guest on a Zen 2 host
-the probe read ~0.47 µs in 2 of 35 timings of the search benchmark and 1.3-1.9 µs throughout
+the probe read ~0.47 µs in 2 of 35 timings the benchmarks recorded and 1.3-1.9 µs throughout
 the 33 others, so a timing judged by its own fastest probe called itself ``NEAR`` while its
 cores sat apart all along. A probe given a cache (``reference_path``, per CPU and thread
 count) starts from the fastest reading any process kept there, and keeps a faster one. A

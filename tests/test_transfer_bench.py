@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from tests.conftest import assert_bench_refuses
@@ -97,7 +99,8 @@ def test_share_of_full_speedup_is_the_share_of_the_gain_and_none_within_noise(tm
 def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):
     """The search-efficiency benchmark's default gradient run (same model, budget, seed, cost
     model, call) is a ``full`` run already made: adopted with its database, its build at the
-    budget and a partition table; a failed one, or one of another batch size, is not."""
+    budget and a partition table; a failed one, one of another batch size, or one restored from
+    an archive (no whole database) is not."""
     from searchbench.layout import Layout, RunSpec, write_json
     from transferbench.layout import FULL, TransferLayout
     from transferbench.step import adopt, search_efficiency_run
@@ -107,7 +110,7 @@ def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):
     assert search_efficiency_run(full, layout) is None
     twin = RunSpec("mbconv_se", "gradient", 1)
     source = peer.run_dir(twin)
-    for folder in ("db", "db_at_100"):
+    for folder in ("db_at_100", "db"):
         (source / folder).mkdir(parents=True)
         (source / folder / "database_tuning_record.json").write_text("{}\n")
     (source / "model_at_100.so").write_bytes(b"lib")
@@ -122,6 +125,10 @@ def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):
     assert search_efficiency_run(full, layout) is None, "another batch size is another run"
     write_json(peer.result(twin), result)
     assert search_efficiency_run(full, layout) == source
+    shutil.rmtree(source / "db")  # as restored from an archive: its builds' best records only
+    assert search_efficiency_run(full, layout) is None
+    (source / "db").mkdir()
+    (source / "db" / "database_tuning_record.json").write_text("{}\n")
     # A run of another gradient configuration is another run: one from before
     # structural_variants existed (it searched with 0) is adopted only by a layout that names 0.
     older = {k: v for k, v in layout.gradient_effective().items() if k != "structural_variants"}

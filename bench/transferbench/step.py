@@ -166,13 +166,18 @@ def search_efficiency_run(spec: RunSpec, layout: TransferLayout) -> Path | None:
     leave-out cost model, through the same call (``tune_until_deadline``), with the default
     batch and fixed measurement. ``bench/search_efficiency.py`` in the same work dir leaves
     these behind, under the same ``--gradient-config`` or, if it recorded the same effective
-    configuration (a default has since moved to what the option names), under none."""
+    configuration (a default has since moved to what the option names), under none; not a
+    run restored from an archive, which has no whole database."""
     from searchbench.layout import Layout
 
     twin = RunSpec(spec.model, "gradient", spec.repeat)
     names = dict.fromkeys([layout.gradient_config, ""])
     for peer in (Layout(layout.work, layout.budget, name) for name in names):
         if not peer.finished(twin):
+            continue
+        # A run restored from an archive (searchbench.archive) keeps only each build's best
+        # records, not the whole database a library transfers from and a user's run holds.
+        if not (peer.run_dir(twin) / searchrun.DB).is_dir():
             continue
         result = json.loads(peer.result(twin).read_text())
         if "error" in result or not result.get("per_round_is_default", True):

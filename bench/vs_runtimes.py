@@ -73,7 +73,7 @@ from searchbench.layout import (
 from searchbench.models import MODELS, ROOT, BenchModel
 from searchbench.report import conditions, git_commit, machine
 
-from gradtune.crosscore import APART, NEAR, TOLERANCE, fastest
+from gradtune.crosscore import APART, NEAR, fastest, round_states
 
 TRIALS = 5000  # as search_efficiency: the budget ends the run; the trials only size batches
 MIN_REPEATS = 7
@@ -395,15 +395,22 @@ def state_of(result: dict[str, Any]) -> str:
 
 
 def label_against_all(results: dict[str, dict[str, Any]]) -> None:
-    """Label ``apart`` a result timed wholly beyond ``TOLERANCE`` of the fastest probe of all
-    the results. Before the machine's fastest probe was kept between processes
-    (gradtune.crosscore), a timing judged by its own fastest called itself near while the
-    cores sat apart all along (on a 2-vCPU Zen 2 KVM guest: ~0.47 µs near, 1.3-1.9 µs apart)."""
+    """Label ``apart`` a result whose probes all read beyond ``crosscore.TOLERANCE`` of the
+    fastest probe of all the results. Before the machine's fastest probe was kept between
+    processes (gradtune.crosscore), a timing judged by its own fastest called itself near while
+    the cores sat apart all along (on a 2-vCPU Zen 2 KVM guest: ~0.47 µs near, 1.3-1.9 µs
+    apart)."""
     timings = [r["timing"] for r in results.values() if (r.get("timing") or {}).get("link_ns")]
     near = fastest([[t["link_ns"][0] for t in timings], [t.get("near_ns") for t in timings]])
     for r in results.values():
         t = r.get("timing") or {}
-        if near and t.get("link_ns") and t["state"] == NEAR and t["link_ns"][0] > TOLERANCE * near:
+        # Its fastest and slowest probe, as one round: APART when both read apart.
+        if (
+            near
+            and t.get("link_ns")
+            and t["state"] == NEAR
+            and round_states(t["link_ns"], near) == [APART]
+        ):
             r["timing"] = {**t, "state": APART, "near_ns": round(near)}
 
 
@@ -424,13 +431,12 @@ def gather(args: argparse.Namespace, names: list[str], failed: dict[str, str]) -
                 result["tuned_at"] = tuned_at(summary)
             results[name] = result
     label_against_all(results)
-    vs_ort = [r["vs_ort"] for r in results.values() if r["vs_ort"] is not None]
+    beside_ort = [r for r in results.values() if r["vs_ort"] is not None]  # ONNX Runtime ran
     # Each ratio holds within its timing's state, and the state moves each contender by its
     # own factor (on Zen 2, a tuned CNN 1.03 of ONNX Runtime near, 1.11-1.13 apart).
     by_state: dict[str, list[float]] = {}
-    for r in results.values():
-        if r["vs_ort"] is not None:
-            by_state.setdefault(state_of(r), []).append(r["vs_ort"])
+    for r in beside_ort:
+        by_state.setdefault(state_of(r), []).append(r["vs_ort"])
     return {
         "commit": git_commit(),
         "machine": machine(next((r["target"] for r in results.values()), None)),
@@ -441,12 +447,10 @@ def gather(args: argparse.Namespace, names: list[str], failed: dict[str, str]) -
         "partial": len(results) < len(names),
         "failed": failed,
         "models": results,
-        "geomean_vs_ort": geomean(vs_ort),
+        "geomean_vs_ort": geomean([r["vs_ort"] for r in beside_ort]),
         # A library timed alongside is another tune of the model (a repeat, or another
         # option): the geomean with it in this one's place, from the same rounds' ONNX Runtime.
-        "geomean_vs_ort_alongside": geomean(
-            [alongside_vs_ort(r) for r in results.values() if r["vs_ort"] is not None]
-        )  # fmt: skip
+        "geomean_vs_ort_alongside": geomean([alongside_vs_ort(r) for r in beside_ort])
         if any(r.get("alongside_ms") for r in results.values())
         else None,
         "geomean_vs_ort_by_state": {

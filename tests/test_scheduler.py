@@ -69,6 +69,19 @@ def test_a_batch_starts_only_if_its_tasks_last_batch_fits_in_the_time_left():
     assert GradientTaskScheduler(deadline=None).fits(0)
 
 
+def test_a_seeded_task_skips_the_warm_up_and_is_weighed_by_its_seed():
+    from gradtune.search.scheduler import GradientTaskScheduler
+
+    scheduler = GradientTaskScheduler()
+    assert scheduler.warmup_line(4) == [0, 1, 2, 3]
+    scheduler.seed(2, 0.5)
+    scheduler.seed(0, 3.0)
+    assert scheduler.warmup_line(4) == [1, 3]
+    histories = [scheduler.history.get(i, []) for i in range(4)]
+    # After the warm-up the seeds stand for a first batch: 3.0 ms outranks 0.5 ms.
+    assert steepest_first(histories, [1.0] * 4, [0, 2], random.Random(0)) == [0, 2]
+
+
 @pytest.mark.slow
 def test_a_batch_joins_early_when_pipelined_and_is_measured_alone_on_this_host(
     tiny_model, llvm_target, tmp_path

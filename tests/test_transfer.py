@@ -577,6 +577,12 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(tiny_model, llvm_tar
     assert result.trials == 8 and warm.stats.measured >= 1
     assert result.rounds[0].task == "transfer" and result.rounds[0].measured == warm.stats.measured
     assert reported[0] is result.rounds[0], "the transfer is reported as a batch, like the search's"
+    # A task the transfer made faster than its default has had its first batch: the search's
+    # warm-up passes it by.
+    assert result.warmup_skipped == warm.stats.transferred_tasks
+    unwarmed = [t.name for t in wide if t.name not in result.warmup_skipped]
+    warmup = [r.task for r in result.rounds[1:]][: len(unwarmed)]
+    assert not set(warmup) & set(result.warmup_skipped), (warmup, result.warmup_skipped)
     # A fresh gradient search over that database: the transferred programs are its elites
     # (first seeds) and its cost model's first online data.
     database = run_database(warm_dir)

@@ -18,6 +18,9 @@ calls only after the warm-up). It starts a task's batch only if the task's last 
 to join) no longer than what is left of the budget; else the next task in line that fits; if
 none does, the run ends, and MetaSchedule's loop joins what is in flight.
 
+A task that already has measured programs when the run starts (``seed``: a warm start's
+transferred schedules) counts them as its first batch, and the warm-up passes it by.
+
 Both schedulers also search and build the next batch while the last one is still being
 measured. On a remote device that hides the host's work; on this host's cores (the local fleet)
 it times candidates beside a compiler and a search: a 480 s tune of a CNN on a 2-core VM
@@ -126,6 +129,16 @@ class GradientTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         self.warmup: list[int] | None = None  # tasks still waiting for their first batch
         self.out_of_time = False
 
+    def seed(self, task_id: int, best_ms: float) -> None:
+        """Count ``best_ms`` as the task's first batch: it already has measured programs (a
+        warm start's transferred schedules), which is what the warm-up batch is for, so the
+        warm-up passes it by and the gradient policy weighs it from the start."""
+        self.history[task_id] = [best_ms]
+
+    def warmup_line(self, n_tasks: int) -> list[int]:
+        """The tasks the warm-up visits, in order: every one without a history."""
+        return [i for i in range(n_tasks) if i not in self.history]
+
     def feedback(self) -> Any:
         """The measure callback that tells this scheduler about every joined batch."""
         return _Feedback(self)
@@ -154,7 +167,7 @@ class GradientTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         scheduler = self._outer()
         records = scheduler.tasks_
         if self.warmup is None:
-            self.warmup = list(range(len(records)))
+            self.warmup = self.warmup_line(len(records))
         for i, record in enumerate(records):
             if self.exclusive and record.runner_futures is not None:
                 scheduler.join_running_task(i)  # waits until the batch is measured

@@ -77,6 +77,7 @@ def test_share_of_full_speedup_is_the_share_of_the_gain_and_none_within_noise(tm
     timing = {"untuned-r0@100": 3.0, "full-r0@100": 1.0, "transfer-r0@100": 1.5}
     write_json(layout.timing("m"), {"ms": timing})
     metrics = model_metrics(layout, "m")
+    assert metrics["warmup_skipped"] == {}, "no warm run"
     # Untuned → full gains 2.0 (3×); the transfer gains 1.0 (2×): half of the gain.
     assert metrics["fraction_of_full_speedup"] == pytest.approx(0.5)
     assert metrics["time_ratio"] == pytest.approx(6.0)
@@ -94,6 +95,29 @@ def test_share_of_full_speedup_is_the_share_of_the_gain_and_none_within_noise(tm
     medians = {"untuned-r0@100": 3.0, "full-r0@100": 1.0, "transfer-r0@100": 3.0}
     layout.timing("m").write_text(json.dumps({"ms": medians, "passes": passes}))
     assert model_metrics(layout, "m")["fraction_of_full_speedup"] == pytest.approx(0.5)
+
+
+def test_the_report_counts_the_tasks_whose_warm_up_a_warm_start_skipped(tmp_path):
+    from searchbench.layout import RunSpec, write_json
+    from transferbench.analysis import gather
+    from transferbench.layout import TransferLayout
+    from transferbench.report import text
+
+    layout = TransferLayout(tmp_path, 120.0)
+    cold = {"rounds": _rounds((10, 900), (90, 500)), "final_estimated_us": 500.0, "wall_s": 120}
+    warm = {"rounds": _rounds((15, 520), (30, 480)), "wall_s": 120, "tasks": 9}
+    specs = [RunSpec("m", "full", 0), RunSpec("m", "warm", 0), RunSpec("m", "warm", 1)]
+    results = (cold, warm | {"warmup_skipped": ["a", "b"]}, warm)
+    for spec, result in zip(specs, results, strict=True):
+        base = {"run_id": spec.run_id, "searcher": spec.searcher, "repeat": spec.repeat}
+        write_json(layout.result(spec), base | {"transfer": None, "budget_s": 120.0} | result)
+    data = gather(layout, specs, ["m"])
+    # Repeat 1 predates the count: left out, not read as none skipped.
+    assert data["models"]["m"]["warmup_skipped"] == {0: [2, 9]}
+    assert (
+        "skipped (the transfer had made them faster than their default), of the model's "
+        "tasks: m r0 2/9." in text(data)
+    )
 
 
 def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):

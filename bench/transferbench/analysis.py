@@ -105,6 +105,13 @@ def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
         "warm_start_t_ratio": _median(ratios),
         "warm_start_bound": any(p["bound"] for p in per_repeat.values()),
         "warm_start_per_repeat": per_repeat,
+        # Per warm repeat: how many of the model's tasks skipped the warm-up, of how many
+        # (runs made before the task scheduler skipped any do not say).
+        "warmup_skipped": {
+            w["repeat"]: [len(w["warmup_skipped"]), w["tasks"]]
+            for w in runs(WARM)
+            if "warmup_skipped" in w
+        },
         "full_wall_s": full_wall,
         "transfer_wall_s": transfer_wall,
         "transfer": source,

@@ -57,6 +57,17 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
             f"| {_fmt(m['fraction_of_full_speedup'], '.0%')} | {_fmt(m['time_ratio'], '.1f', '×')} "
             f"| {ratio} | {Path(source).parent.parent.name if '/' in source else source} |"
         )
+    skipped = [
+        f"{name} " + ", ".join(f"r{r} {k}/{n}" for r, (k, n) in sorted(m["warmup_skipped"].items()))
+        for name, m in data["models"].items()
+        if m.get("warmup_skipped")
+    ]
+    if skipped:
+        lines += [
+            "",
+            "Tasks whose warm-up batch a warm start skipped (the transfer had made them faster "
+            "than their default), of the model's tasks: " + "; ".join(skipped) + ".",
+        ]
     lines += ["", "Runs:"]
     for name, m in data["models"].items():
         lines.append(f"- {name}: " + ", ".join(f"{k} {v}" for k, v in m["runs"].items()))

@@ -164,7 +164,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             f"adapted, {stats.failed} failed; {stats.measured} measured in "
             f"{stats.seconds:.1f} s; faster than the default: {len(stats.transferred_tasks)} "
             f"of {len(tasks)} tasks"
-            + (" (the search's warm-up skips them)" if result.warmup_skipped else "")
+            + ("; the search skips its warm-up" if result.warmup_skipped else "")
         )
     if result.confirmation is not None and result.confirmation.tasks:
         c = result.confirmation
@@ -364,7 +364,7 @@ def transfer_summary(job: TuneJob, tuned: TuneResult) -> dict[str, Any]:
         "source": stats.source,
         "source_ranking": stats.ranking,
         "transferred_tasks": stats.transferred_tasks,
-        # Whose warm-up batch the search skipped: the transfer had measured them already.
+        # Whose warm-up batch the search skipped: each had a measured program already.
         "warmup_skipped": tuned.warmup_skipped,
         "candidates_tried": stats.candidates_tried,
         "candidates_invalid": stats.candidates_invalid,

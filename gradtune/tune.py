@@ -63,31 +63,35 @@ class TuneResult:
     default_kept: list[str] = field(default_factory=list)  # tasks no searched program beat
     measure_cost: MeasureCost = field(default_factory=MeasureCost)  # device time spent timing
     transfer: Any = None  # transfer.run.TransferStats of a transfer or warm start
-    # Tasks a warm start had already given a program faster than their default: the task
-    # scheduler's warm-up passed them by (``GradientTaskScheduler.seed``).
+    # Tasks whose warm-up batch the task scheduler skipped after a warm start: every one
+    # with a working program (``seed_after_warm_start``).
     warmup_skipped: list[str] = field(default_factory=list)
     confirmation: Confirmation | None = None  # the quiet re-timing of each task's few best
 
 
-def seed_warmed_tasks(
-    scheduler: GradientTaskScheduler, database: Any, tasks: list[TuningTask], best_us: dict
+def seed_after_warm_start(
+    scheduler: GradientTaskScheduler, tasks: list[TuningTask], best_us: dict[str, float]
 ) -> list[str]:
-    """Tell the task scheduler which tasks a warm start already gave a program faster than
-    their default, so that its warm-up, one batch for every task, passes them by.
+    """Give the task scheduler every task's measured latency as its first batch, so that it
+    skips its warm-up (one batch for every task, in the tasks' order) and picks by gradient,
+    the most latency at stake first, from the first round. Returns the tasks seeded.
 
-    On a 2-core host the warm-up fills most of a 480 s budget on a CNN (mbconv_se, 15 tasks:
-    every task's first batch joined 324-367 s in), and a warm start that waits its turn through
-    it gains little over a cold run: on an Intel Xeon its transferred estimate came within
-    34-64 s, yet it reached cold tuning's final one only 1.39x sooner. A transferred task has
-    what the warm-up batch is for: measured programs, and a latency for the gradient policy to
-    weigh. Returns those tasks' names."""
-    from .transfer.run import transferred_tasks
+    After a warm start every task has what the warm-up batch is for: measured programs (its
+    default schedule, and the transferred ones that ran). The warm-up would spend the budget
+    the warm start saved: in a cold 480 s run of resnet18_like on a 2-core Zen 2 it took
+    256 s, its two sub-µs tasks came first and its 3.3 ms convolution was joined 231 s in; on
+    an Intel Xeon warm starts reached cold tuning's final estimate only 1.39x sooner with it. A
+    task without a working program (its default failed too) still gets its warm-up batch.
+    Cold runs keep the warm-up: their benchmarks were made with it."""
+    import math
 
-    warmed = set(transferred_tasks(database, tasks))
+    seeded = []
     for i, task in enumerate(tasks):
-        if task.name in warmed:
-            scheduler.seed(i, best_us[task.name] / 1e3)
-    return [t.name for t in tasks if t.name in warmed]
+        us = best_us.get(task.name, math.inf)
+        if math.isfinite(us):
+            scheduler.seed(i, us / 1e3)
+            seeded.append(task.name)
+    return seeded
 
 
 def run_database(work_dir: Path):
@@ -429,7 +433,7 @@ def tune(
             session.trials_left = remaining - first
             best_us.update(best_from_database(database, tasks))
             if warm_start is not None and strategy is not None:
-                result.warmup_skipped = seed_warmed_tasks(scheduler, database, tasks, best_us)
+                result.warmup_skipped = seed_after_warm_start(scheduler, tasks, best_us)
             session.latency_shares = latency_shares(tasks, best_us)
             if strategy is not None and remaining > first and not session.stop.stopped:
                 ms.tune_tasks(

@@ -65,8 +65,10 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
     if skipped:
         lines += [
             "",
-            "Tasks whose warm-up batch a warm start skipped (the transfer had made them faster "
-            "than their default), of the model's tasks: " + "; ".join(skipped) + ".",
+            "Tasks whose warm-up batch a warm start skipped (every one with a working program, "
+            "its default's or a transferred one), of the model's tasks: "
+            + "; ".join(skipped)
+            + ".",
         ]
     lines += ["", "Runs:"]
     for name, m in data["models"].items():

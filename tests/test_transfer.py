@@ -575,13 +575,13 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(
     warm_dir = tmp_path / "warm"
     reported = []
     seeds: dict[int, float] = {}  # what the task scheduler is told when the search starts
-    real_seed = GradientTaskScheduler.seed
+    real_seed = GradientTaskScheduler._cls.seed  # TVM's derived_object wraps the class
 
     def seed(self, task_id: int, best_ms: float) -> None:
         seeds[task_id] = best_ms
         real_seed(self, task_id, best_ms)
 
-    monkeypatch.setattr(GradientTaskScheduler, "seed", seed)
+    monkeypatch.setattr(GradientTaskScheduler._cls, "seed", seed)
     with LocalFleet() as tracker:
         result = tune(wide, llvm_target, warm_dir, tracker, max_trials=8, search=strategy,
                       trials_per_round=2, warm_start=warm, on_round=reported.append)  # fmt: skip

@@ -82,9 +82,12 @@ def seed_after_warm_start(
     256 s, its two sub-µs tasks came first and its 3.3 ms convolution was joined 231 s in; on
     an Intel Xeon warm starts reached cold tuning's final estimate only 1.39x sooner with it. A
     task without a working program (its default failed too) still gets its warm-up batch.
-    Cold runs keep the warm-up: their benchmarks were made with it."""
-    import math
+    Cold runs keep the warm-up: their benchmarks were made with it.
 
+    The cost, measured on that Zen 2 (``bench/results/transfer_tuning_znver2.md``, one run per
+    model): 6-48x ahead of cold tuning's estimate at 60 s, but the policy spent the whole
+    budget on the 3-7 largest tasks, and the small ones kept their transferred or default
+    programs, a few percent that cold tuning's warm-up batches win."""
     seeded = []
     for i, task in enumerate(tasks):
         us = best_us.get(task.name, math.inf)

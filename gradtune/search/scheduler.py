@@ -18,8 +18,9 @@ calls only after the warm-up). It starts a task's batch only if the task's last 
 to join) no longer than what is left of the budget; else the next task in line that fits; if
 none does, the run ends, and MetaSchedule's loop joins what is in flight.
 
-A task that already has measured programs when the run starts (``seed``: a warm start's
-transferred schedules) counts them as its first batch, and the warm-up passes it by.
+A task that already has measured programs when the run starts (``seed``: after a warm start,
+its default schedule and the transferred ones) counts them as its first batch, and the warm-up
+passes it by.
 
 Both schedulers also search and build the next batch while the last one is still being
 measured. On a remote device that hides the host's work; on this host's cores (the local fleet)
@@ -130,9 +131,9 @@ class GradientTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         self.out_of_time = False
 
     def seed(self, task_id: int, best_ms: float) -> None:
-        """Count ``best_ms`` as the task's first batch: it already has measured programs (a
-        warm start's transferred schedules), which is what the warm-up batch is for, so the
-        warm-up passes it by and the gradient policy weighs it from the start."""
+        """Count ``best_ms`` as the task's first batch: it already has measured programs,
+        which is what the warm-up batch is for, so the warm-up passes it by and the gradient
+        policy weighs it from the start."""
         self.history[task_id] = [best_ms]
 
     def warmup_line(self, n_tasks: int) -> list[int]:

@@ -89,7 +89,7 @@ def tune_until_deadline(
         "measure_seconds": round(result.measure_cost.seconds, 3),
         "kernel_runs": result.measure_cost.kernel_runs,
         "measured_candidates": result.measure_cost.candidates,
-        # A warm start's transferred tasks, whose warm-up batch the task scheduler skipped.
+        # After a warm start: the tasks whose warm-up batch the task scheduler skipped.
         **({"warmup_skipped": result.warmup_skipped} if warm_start is not None else {}),
     }
 

@@ -55,6 +55,7 @@ def tune_model(
     conv_layout: str = "NCHW",
     fold_batchnorm: bool = False,
     subpixel_conv_transpose: bool = True,
+    warmup: str | None = None,
 ) -> dict[str, Any]:
     """import → partition → tune over RPC → compile/verify/time → report + register.
 
@@ -67,7 +68,7 @@ def tune_model(
         rpc_servers=rpc_servers, seed=seed, measure=measure, confirm=confirm, library=library,
         library_from=library_from, transfer_only=transfer_only, fast_math=fast_math,
         weight_prepack=weight_prepack, conv_layout=conv_layout, fold_batchnorm=fold_batchnorm,
-        subpixel_conv_transpose=subpixel_conv_transpose,
+        subpixel_conv_transpose=subpixel_conv_transpose, warmup=warmup,
     )  # fmt: skip
     use_target_threads(job.target)  # before any kernel runs here or on the local fleet
     with exit_on_signals(), flow_logging.to_run_logs():

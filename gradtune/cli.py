@@ -56,6 +56,8 @@ class OneLineParser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .search import WARMUPS  # imports no framework
+
     parser = OneLineParser(prog="gradtune", description=__doc__)
     parser.add_argument(
         "--debug", action="store_true", help="show the traceback of an error, not just its line"
@@ -82,6 +84,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="SPEC",
         help="start the search from schedules transferred from a library (see transfer)",
+    )
+    tune.add_argument(
+        "--warmup",
+        default=None,
+        choices=WARMUPS,
+        help="the task scheduler's first batches: one per task in the model's order (model), "
+        "the most latency at stake first (stake), or none, every task with a measured "
+        "program weighed from the start (skip); default: skip after --warm-start, else model",
     )
     add_run_options(tune)
     add_transfer_parser(sub)
@@ -694,6 +704,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         seed=args.seed,
         measure=args.measure,
         confirm=args.confirm,
+        warmup=None if transfer else args.warmup,
         library=args.library if transfer else args.warm_start,
         library_from=getattr(args, "from") if transfer else "auto",
         transfer_only=transfer,

@@ -83,6 +83,11 @@ class TuneJob:
     subpixel_conv_transpose : bool, default True
         2-D transposed convolutions as one dense convolution over their output phases
         (``partition.Lowering``; ``--no-subpixel-conv-transpose`` for TOPI's).
+    warmup : str | None, default None
+        How the task scheduler's first batches go round: "model" (MetaSchedule's, one per
+        task in the model's order), "stake" (one per task, the most latency at stake first)
+        or "skip" (none: tasks with a measured program are weighed from the start); None:
+        "skip" after a warm start, else "model" (``tune.start_warmup``).
     """
 
     model: str
@@ -111,6 +116,7 @@ class TuneJob:
     conv_layout: str = "NCHW"
     fold_batchnorm: bool = False
     subpixel_conv_transpose: bool = True
+    warmup: str | None = None
 
     @property
     def out_dir(self) -> Path:
@@ -178,7 +184,7 @@ def validate(job: TuneJob) -> None:
     from .measure.rpc_fleet import parse_tracker
     from .measure.runner import MEASURE_MODES
     from .partition import CONV_LAYOUT_CHOICES
-    from .search import SEARCH_STRATEGIES
+    from .search import SEARCH_STRATEGIES, WARMUPS
 
     check_model_file(job.model, job.input_shapes)
     if job.trials <= 0:
@@ -195,6 +201,8 @@ def validate(job: TuneJob) -> None:
         raise GradtuneError(
             f"unknown --measure {job.measure!r}; choose one of {', '.join(MEASURE_MODES)}"
         )
+    if job.warmup is not None and job.warmup not in WARMUPS:
+        raise GradtuneError(f"unknown --warmup {job.warmup!r}; choose one of {', '.join(WARMUPS)}")
     if job.confirm < 0:
         raise GradtuneError(f"--confirm must be 0 or more programs per task, got {job.confirm}")
     if job.conv_layout not in CONV_LAYOUT_CHOICES:

@@ -150,6 +150,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             warm_start=transfer,
             measure=MeasureSettings(mode=job.measure),
             confirm_top_k=job.confirm,
+            warmup=job.warmup,
             seed=job.seed,
             on_start=on_start,
             on_round=on_round,
@@ -314,6 +315,7 @@ def run_summary(
         # This run's measured batches per task: how far past the warm-up the budget went.
         "batches_per_task": dict(Counter(r.task for r in tuned.rounds)),
         "measure": job.measure,
+        "warmup": tuned.warmup,  # how the task scheduler's first batches went round
         "lowering": job.lowering_options(),
         "measure_seconds": tuned.measure_cost.seconds,  # device time spent timing candidates
         "kernel_runs": tuned.measure_cost.kernel_runs,

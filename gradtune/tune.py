@@ -36,7 +36,7 @@ from .measure.rpc_fleet import Tracker, is_loopback
 from .measure.rpc_session import DeviceWatch
 from .measure.runner import MeasureSettings, make_rpc_runner
 from .partition import TuningTask
-from .search import SEARCH_STRATEGIES, make_strategy
+from .search import SEARCH_STRATEGIES, WARMUPS, make_strategy
 from .search.scheduler import GradientTaskScheduler
 from .search.session import ReportingStrategy, RoundLog, RunSummary, Session
 from .stop import StopSignal, defer_signals
@@ -63,38 +63,47 @@ class TuneResult:
     default_kept: list[str] = field(default_factory=list)  # tasks no searched program beat
     measure_cost: MeasureCost = field(default_factory=MeasureCost)  # device time spent timing
     transfer: Any = None  # transfer.run.TransferStats of a transfer or warm start
-    # Tasks whose warm-up batch the task scheduler skipped after a warm start: every one
-    # with a working program (``seed_after_warm_start``).
+    # Tasks whose warm-up batch the task scheduler skipped (``start_warmup``): with
+    # warm-up ``skip``, every one with a working program.
     warmup_skipped: list[str] = field(default_factory=list)
+    warmup: str = "model"  # the task scheduler's warm-up (``start_warmup``)
     confirmation: Confirmation | None = None  # the quiet re-timing of each task's few best
 
 
-def seed_after_warm_start(
-    scheduler: GradientTaskScheduler, tasks: list[TuningTask], best_us: dict[str, float]
+def start_warmup(
+    scheduler: GradientTaskScheduler,
+    tasks: list[TuningTask],
+    best_us: dict[str, float],
+    warmup: str,
 ) -> list[str]:
-    """Give the task scheduler every task's measured latency as its first batch, so that it
-    skips its warm-up (one batch for every task, in the tasks' order) and picks by gradient,
-    the most latency at stake first, from the first round. Returns the tasks seeded.
+    """Set the task scheduler's warm-up (``search.WARMUPS``) from each task's best latency
+    measured before the search: its default schedule's, and after a warm start the
+    transferred ones'. Returns the tasks whose warm-up batch is skipped.
 
-    After a warm start every task has what the warm-up batch is for: measured programs (its
-    default schedule, and the transferred ones that ran). The warm-up would spend the budget
-    the warm start saved: in a cold 480 s run of resnet18_like on a 2-core Zen 2 it took
-    256 s, its two sub-µs tasks came first and its 3.3 ms convolution was joined 231 s in; on
-    an Intel Xeon warm starts reached cold tuning's final estimate only 1.39x sooner with it. A
-    task without a working program (its default failed too) still gets its warm-up batch.
-    Cold runs keep the warm-up: their benchmarks were made with it.
-
-    The cost, measured on that Zen 2 (``bench/results/transfer_tuning_znver2.md``, one run per
-    model): 6-48x ahead of cold tuning's estimate at 60 s, but the policy spent the whole
-    budget on the 3-7 largest tasks, and the small ones kept their transferred or default
-    programs, a few percent that cold tuning's warm-up batches win."""
-    seeded = []
-    for i, task in enumerate(tasks):
-        us = best_us.get(task.name, math.inf)
-        if math.isfinite(us):
-            scheduler.seed(i, us / 1e3)
-            seeded.append(task.name)
-    return seeded
+    ``skip`` hands every measured task's latency to the scheduler as its first batch
+    (``GradientTaskScheduler.seed``), so the gradient policy picks, the most latency at stake
+    first, from the first round; a task with no working program still gets its batch. It is
+    the default after a warm start, whose measured programs are what the warm-up batch is
+    for: on an Intel Xeon warm starts reached cold tuning's final estimate only 1.39x sooner
+    with the model's warm-up. Its cost, measured on a 2-core Zen 2
+    (``bench/results/transfer_tuning_znver2.md``): 6-48x ahead of cold tuning's estimate at
+    60 s, but the whole budget went to the 3-7 largest tasks, and the small ones kept their
+    transferred or default programs, a few percent that cold tuning's warm-up batches win.
+    ``stake`` keeps a batch for every task and orders them by weight × latency."""
+    if warmup not in WARMUPS:
+        raise ValueError(f"unknown warm-up {warmup!r}")
+    measured = {
+        i: best_us[task.name] / 1e3
+        for i, task in enumerate(tasks)
+        if math.isfinite(best_us.get(task.name, math.inf))
+    }
+    if warmup == "stake":
+        scheduler.order_warmup({i: float(tasks[i].weight) * t for i, t in measured.items()})
+    if warmup != "skip":
+        return []
+    for i, best_ms in measured.items():
+        scheduler.seed(i, best_ms)
+    return [tasks[i].name for i in measured]
 
 
 def run_database(work_dir: Path):
@@ -291,6 +300,7 @@ def tune(
     confirm_top_k: int = 0,
     confirm_share: float = 0.1,
     exclusive_measurement: bool | None = None,
+    warmup: str | None = None,
 ) -> TuneResult:
     """Tune ``tasks`` until ``max_trials`` measured trials (counting earlier, resumed ones).
 
@@ -319,6 +329,10 @@ def tune(
     ``exclusive_measurement``: measure every batch alone, with no search or build of the next
     one beside it (``GradientTaskScheduler``'s ``exclusive``). None, the default: when the
     tracker is on loopback, whose devices share this host's cores.
+
+    ``warmup``: how the task scheduler's first batches go round (``start_warmup``): ``model``
+    (MetaSchedule's), ``stake`` or ``skip``. None, the default: ``skip`` after a warm start,
+    else ``model``.
     """
     import psutil
     from tvm.s_tir import meta_schedule as ms
@@ -332,13 +346,17 @@ def tune(
         )
     if search is None and warm_start is None:
         raise GradtuneError("no search and nothing to transfer: nothing to tune")
+    if warmup is None:
+        warmup = "model" if warm_start is None else "skip"
+    if warmup not in WARMUPS:
+        raise GradtuneError(f"unknown warm-up {warmup!r}; choose one of {', '.join(WARMUPS)}")
     if isinstance(search, str) and search not in SEARCH_STRATEGIES:
         raise GradtuneError(
             f"unknown search {search!r}; choose one of {', '.join(SEARCH_STRATEGIES)}"
         )
     work_dir.mkdir(parents=True, exist_ok=True)
     database = run_database(work_dir)
-    result = TuneResult()
+    result = TuneResult(warmup=warmup)
     result.resumed_trials = count_records(database)
     if on_start is not None:
         on_start(result.resumed_trials)
@@ -435,10 +453,10 @@ def tune(
                 _log_batch(result, tasks, best_us, database, transferred, start, on_round)
             session.trials_left = remaining - first
             best_us.update(best_from_database(database, tasks))
-            if warm_start is not None and strategy is not None:
-                result.warmup_skipped = seed_after_warm_start(scheduler, tasks, best_us)
             session.latency_shares = latency_shares(tasks, best_us)
             if strategy is not None and remaining > first and not session.stop.stopped:
+                # Only here: a run whose budget ended before the search skipped no warm-up.
+                result.warmup_skipped = start_warmup(scheduler, tasks, best_us, warmup)
                 ms.tune_tasks(
                     tasks=contexts,
                     task_weights=[float(t.weight) for t in tasks],

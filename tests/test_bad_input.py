@@ -94,6 +94,7 @@ CASES = [
     ("budget-zero", ["tune", "{model}", "--time-budget", "0"], "--time-budget must be positive"),
     ("budget-negative", ["tune", "{model}", "--time-budget", "-1"], "must be positive"),
     ("unknown-search", ["tune", "{model}", "--search", "annealing"], "unknown --search"),
+    ("unknown-warmup", ["tune", "{model}", "--warmup", "random"], "argument --warmup: invalid"),
     ("bad-name", ["tune", "{model}", "--name", "my model"], "--name 'my model'"),
     ("reserved-alias", ["tune", "{model}", "--alias", "v3"], "reserved by MLflow"),
     ("no-rpc-servers", ["tune", "{model}", "--rpc-servers", "0"], "--rpc-servers must be"),

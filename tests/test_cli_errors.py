@@ -216,14 +216,21 @@ def test_cpu_only_lowerings_are_refused_for_a_gpu_target():
         check_lowering(blocked)
 
 
-def test_an_unknown_convolution_layout_is_refused_by_a_flow_too():
+@pytest.mark.parametrize(
+    ("setting", "message"),
+    [
+        ({"conv_layout": "nhwc"}, "unknown --conv-layout 'nhwc'; choose one of NCHW"),
+        ({"warmup": "random"}, "unknown --warmup 'random'; choose one of model, stake, skip"),
+    ],
+)
+def test_an_unknown_choice_is_refused_by_a_flow_too(setting, message):
     """The CLI's choices stop a typo; a flow started from Prefect's UI goes through
     ``make_job``, which names it the same way."""
     from gradtune.errors import GradtuneError
     from gradtune.job import make_job
 
-    with pytest.raises(GradtuneError, match="unknown --conv-layout 'nhwc'; choose one of NCHW"):
-        make_job(None, model=str(EXAMPLES / "small_cnn.py"), conv_layout="nhwc")
+    with pytest.raises(GradtuneError, match=message):
+        make_job(None, model=str(EXAMPLES / "small_cnn.py"), **setting)
 
 
 def test_the_relayed_command_line_keeps_a_negated_flag():

@@ -82,6 +82,30 @@ def test_a_seeded_task_skips_the_warm_up_and_is_weighed_by_its_seed():
     assert steepest_first(histories, [1.0] * 4, [0, 2], random.Random(0)) == [0, 2]
 
 
+def test_the_warm_up_goes_round_in_the_models_order_by_stake_or_not_at_all():
+    """``tune``'s warm-ups, from the latencies measured before the search: ``model`` visits
+    every task in order, ``stake`` every task by weight × latency (a task with nothing
+    measured first: it may be the largest), ``skip`` only the tasks with nothing measured."""
+    from gradtune.search.scheduler import GradientTaskScheduler
+    from gradtune.tune import start_warmup
+
+    Task = dataclasses.make_dataclass("Task", ["name", "weight"])
+    tasks = [Task("small", 4), Task("big", 1), Task("broken", 1), Task("mid", 2), Task("tie", 1)]
+    # Weighted: 8, 300, nothing measured, 100 and 100.
+    best_us = {"small": 2.0, "big": 300.0, "mid": 50.0, "tie": 100.0}
+
+    def line(warmup: str) -> tuple[list[int], list[str]]:
+        scheduler = GradientTaskScheduler()
+        skipped = start_warmup(scheduler, tasks, best_us, warmup)
+        return scheduler.warmup_line(len(tasks)), skipped
+
+    assert line("model") == ([0, 1, 2, 3, 4], [])
+    assert line("stake") == ([2, 1, 3, 4, 0], [])  # mid and tie tie at 100: the model's order
+    assert line("skip") == ([2], ["small", "big", "mid", "tie"])
+    with pytest.raises(ValueError, match="unknown warm-up 'random'"):
+        line("random")
+
+
 @pytest.mark.slow
 def test_a_batch_joins_early_when_pipelined_and_is_measured_alone_on_this_host(
     tiny_model, llvm_target, tmp_path

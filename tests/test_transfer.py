@@ -585,6 +585,11 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(
     with LocalFleet() as tracker:
         result = tune(wide, llvm_target, warm_dir, tracker, max_trials=8, search=strategy,
                       trials_per_round=2, warm_start=warm, on_round=reported.append)  # fmt: skip
+        # A budget the defaults use up leaves no search, so no warm-up was skipped.
+        spent = tune(wide, llvm_target, tmp_path / "spent", tracker, max_trials=len(wide),
+                     search=make_strategy("gradient", config=GradientConfig(seeds=4, steps=4)),
+                     warm_start=Transfer(wide, llvm_target, source))  # fmt: skip
+    assert spent.trials == len(wide) and spent.warmup_skipped == []
     assert result.trials == 8 and warm.stats.measured >= 1
     assert result.rounds[0].task == "transfer" and result.rounds[0].measured == warm.stats.measured
     assert reported[0] is result.rounds[0], "the transfer is reported as a batch, like the search's"

@@ -13,6 +13,8 @@ if TYPE_CHECKING:
     from gradtune.search.session import ReportingStrategy
 
 SEARCH_STRATEGIES = ("gradient", "evolutionary", "replay-trace", "replay-func")
+# How the task scheduler's first batches go round (``scheduler``'s docstring).
+WARMUPS = ("model", "stake", "skip")
 
 
 def make_strategy(

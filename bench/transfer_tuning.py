@@ -27,6 +27,11 @@ interleaved timing and the archive are the search-efficiency benchmark's, bench/
     .venv/bin/python bench/transfer_tuning.py [--budget 300] [--repeats 3] [--models ...]
     nohup nice -n 19 .venv/bin/python bench/transfer_tuning.py > /tmp/transfer.log 2>&1 &
     .venv/bin/python bench/transfer_tuning.py --render       # re-analyse the saved runs
+    .venv/bin/python bench/transfer_tuning.py --warmup stake # warm runs' warm-up ablation
+
+An ablation of the warm runs' warm-up (``--warmup``; ``gradtune tune``'s default after a warm
+start is ``skip``) makes only warm runs; its untuned, full and transfer runs are the default's,
+copied in once finished, so every warm-up is weighed against the same cold runs.
 
 Interrupted (Ctrl-C, ``kill PID``), the same command resumes: finished runs are kept, a
 half-finished one is restarted. ``--archive DIR`` / ``--restore DIR`` carry finished runs
@@ -47,7 +52,9 @@ from pathlib import Path
 from searchbench import driver
 from searchbench.layout import RunSpec, add_work_and_out, resolve_out
 from searchbench.models import MODELS, ROOT
-from transferbench.layout import FULL, KINDS, WARM, TransferLayout, plan
+from transferbench.layout import FULL, KINDS, WARM, WARM_DEFAULT, TransferLayout, plan
+
+from gradtune.search import WARMUPS
 
 STEM = "transfer_tuning"
 SCRIPT = Path(__file__).resolve()
@@ -86,6 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="GradientConfig fields for the full and warm runs' gradient search "
              "(structural_variants=0); its runs live apart, in <budget>s-transfer-<config>",
     )  # fmt: skip
+    parser.add_argument(
+        "--warmup", default=WARM_DEFAULT, metavar="|".join(WARMUPS),
+        help="the warm runs' task-scheduler warm-up (gradtune tune --warmup); another than "
+             f"{WARM_DEFAULT} lives apart, in <budget>s-transfer-warmup-<warmup>, with the "
+             "other kinds of run copied in from the default's",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     resolve_out(args, DEFAULT_WORK)
     return args
@@ -100,6 +113,8 @@ def check(args: argparse.Namespace) -> str | None:
         return "--models needs at least two: each model's library is the others' tuned models"
     if args.budget <= 0 or args.repeats < 1:
         return "--budget must be positive and --repeats at least 1"
+    if args.warmup not in WARMUPS:
+        return f"unknown --warmup {args.warmup!r}; choose one of {', '.join(WARMUPS)}"
     if args.one and (args.one[0] not in MODELS or args.one[1] not in KINDS):
         return f"--one MODEL KIND REPEAT: KIND one of {', '.join(KINDS)}"
     return None
@@ -133,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     if problem:
         print(f"transfer_tuning: {problem}", file=sys.stderr)
         return 2
-    layout = TransferLayout(args.work.resolve(), args.budget, args.gradient_config)
+    layout = TransferLayout(
+        args.work.resolve(), args.budget, args.gradient_config, warmup=args.warmup
+    )
     if problem := layout.config_problem():
         print(f"transfer_tuning: {problem}", file=sys.stderr)
         return 2

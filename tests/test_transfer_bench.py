@@ -18,6 +18,7 @@ pytestmark = pytest.mark.usefixtures("bench_on_path")
         (["--models", "dcgan_like"], "at least two"),
         (["--budget", "0"], "--budget must be positive"),
         (["--gradient-config", "no_such_field=1"], "GradientConfig has no field no_such_field"),
+        (["--warmup", "random"], "unknown --warmup 'random'; choose one of model"),
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
@@ -168,3 +169,27 @@ def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):
     assert adopted["builds"] == {"100": result["builds"]["100"]}
     assert adopted["final_estimated_us"] == 900.0 and adopted["commit"] == "abc1234"
     assert adopted["adopted_from"] == str(source)
+
+
+def test_a_warm_up_ablation_makes_only_warm_runs_against_the_default_layouts_cold_ones(tmp_path):
+    """``--warmup stake`` lives apart and copies in the default warm-up's finished untuned,
+    full and transfer runs (every warm-up weighed against the same cold runs); its warm runs
+    are its own, and its children get the flag."""
+    from searchbench.layout import RunSpec, write_json
+    from transferbench.layout import FULL, TRANSFER, WARM, TransferLayout
+
+    default, stake = TransferLayout(tmp_path, 480), TransferLayout(tmp_path, 480, warmup="stake")
+    assert stake.root == tmp_path / "480s-transfer-warmup-stake" and stake.root != default.root
+    assert stake.child_args()[-2:] == ["--warmup", "stake"]
+    assert "--warmup" not in default.child_args()
+    full, transfer, warm = (RunSpec("m", kind, 0) for kind in (FULL, TRANSFER, WARM))
+    assert stake.adopt(full) is None, "nothing finished to copy: it runs its own"
+    for spec in (full, warm):
+        write_json(default.result(spec), {"run_id": spec.run_id, "searcher": spec.searcher})
+    (default.run_dir(full) / "db").mkdir()
+    assert stake.adopt(full) == default.run_dir(full)
+    assert stake.finished(full) and (stake.run_dir(full) / "db").is_dir()
+    assert stake.adopt(full) is None, "copied once"
+    assert stake.adopt(warm) is None and not stake.finished(warm), "warm runs are its own"
+    assert stake.adopt(transfer) is None
+    assert default.adopt(full) is None, "the default layout copies nothing"

@@ -214,10 +214,12 @@ def tune(
     warm_start: Callable[[Any, Any, Any, int], int] | None = None,
     measure: str = "fixed",
     cost_model: Any = "xgb",
+    warmup: str | None = None,
 ) -> Any:
-    """``gradtune tune --time-budget BUDGET --trials 5000 --seed SEED --measure MEASURE`` on
-    ``tasks``; ``warm_start`` is what ``--warm-start`` adds (``strategy`` None: ``gradtune
-    transfer``); ``cost_model`` the task scheduler's (``scheduler_cost_model``)."""
+    """``gradtune tune --time-budget BUDGET --trials 5000 --seed SEED --measure MEASURE
+    --warmup WARMUP`` on ``tasks``; ``warm_start`` is what ``--warm-start`` adds (``strategy``
+    None: ``gradtune transfer``); ``cost_model`` the task scheduler's
+    (``scheduler_cost_model``)."""
     from gradtune.measure.runner import MeasureSettings
     from gradtune.tune import tune as gradtune_tune
 
@@ -225,6 +227,7 @@ def tune(
         tasks, target, work_dir, tracker, max_trials=CLI_TRIALS, time_budget=budget,
         search=strategy, trials_per_round=trials_per_round, seed=seed, on_round=on_round,
         warm_start=warm_start, measure=MeasureSettings(mode=measure), cost_model=cost_model,
+        warmup=warmup,
     )  # fmt: skip
 
 

@@ -228,7 +228,11 @@ class Layout:
         commit in result.json. Returns where it came from, or None."""
         if not self.gradient_config or spec.searcher != "evolutionary" or self.finished(spec):
             return None
-        source = Layout(self.work, self.budget, "", self.measure).run_dir(spec)
+        return self.copy_in(spec, Layout(self.work, self.budget, "", self.measure).run_dir(spec))
+
+    def copy_in(self, spec: RunSpec, source: Path) -> Path | None:
+        """Copy the finished run at ``source`` in as this layout's ``spec``; returns
+        ``source``, or None if it has not finished."""
         if not (source / "result.json").is_file():
             return None
         target = self.run_dir(spec)

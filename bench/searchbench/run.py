@@ -41,13 +41,14 @@ def tune_until_deadline(
     spec: RunSpec, tasks: list[Any], target: Any, tracker: Any, budget: float, run_dir: Path,
     weights: Path | None, gradient: dict[str, Any] | None = None,
     warm_start: Any = None, search: bool = True, measure: str = "fixed",
-    cost_model: Any = "xgb",
+    cost_model: Any = "xgb", warmup: str | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """Tune; returns the rounds (wall-clock stamped), wall time and the searcher's summary.
 
     ``warm_start`` (``transfer.run.Transfer``) measures transferred schedules before the
     search, inside the clock; ``search`` False: nothing else (a transfer, no deadline);
-    ``cost_model`` the task scheduler's (``api.scheduler_cost_model``)."""
+    ``cost_model`` the task scheduler's (``api.scheduler_cost_model``); ``warmup``
+    ``gradtune tune --warmup`` (None: its default)."""
     strategy = (
         api.make_searcher(spec.searcher, target.kind.name, weights, gradient) if search else None
     )
@@ -72,7 +73,7 @@ def tune_until_deadline(
         result = api.tune(
             tasks, target, run_dir / DB, tracker, budget, strategy, seed=spec.repeat,
             trials_per_round=spec.per_round, on_round=on_round, warm_start=warm_start,
-            measure=measure, cost_model=cost_model,
+            measure=measure, cost_model=cost_model, warmup=warmup,
         )  # fmt: skip
     finally:
         if timer is not None:
@@ -85,6 +86,7 @@ def tune_until_deadline(
         "trials_total": result.trials,
         "search_summary": api.search_summary(result),
         "measure": measure,
+        "warmup": result.warmup,  # how the task scheduler's first batches went round
         # Device time spent timing candidates, and kernel executions (``MeasureCost``).
         "measure_seconds": round(result.measure_cost.seconds, 3),
         "kernel_runs": result.measure_cost.kernel_runs,

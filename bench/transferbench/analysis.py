@@ -135,6 +135,7 @@ def gather(layout: TransferLayout, specs: list[RunSpec], models: list[str]) -> d
         "runs": {"planned": len(specs), "finished": finished},
         "partial": finished < len(specs),
         "budget_s": layout.budget,
+        "warm_warmup": layout.warmup,  # the warm runs' task-scheduler warm-up
     }
 
 

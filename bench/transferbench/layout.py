@@ -10,6 +10,8 @@ models, ``prepared/<model>.json``) and run machinery; its own runs live apart, u
     work/<budget>s-transfer/logs/
     work/<budget>s-transfer-<config>/                     --gradient-config: full and warm
                                                           runs of that gradient search
+    work/<budget>s-transfer-warmup-<warmup>/              --warmup: warm runs with that
+                                                          warm-up; the other kinds copied in
 
 A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
@@ -33,15 +35,39 @@ LIBRARY_REPEAT = 0  # the full run of each model that the others' library holds
 FINAL = "100"  # the build label: the model as tuned by the whole budget
 
 
+WARM_DEFAULT = "skip"  # ``gradtune tune``'s warm-up after a warm start
+
+
 @dataclass(frozen=True)
 class TransferLayout(Layout):
     """``Layout`` with the runs under ``<budget>s-transfer`` (a name of its own, so that
-    ``searchbench.archive`` keeps budgets apart); preparation stays shared."""
+    ``searchbench.archive`` keeps budgets apart); preparation stays shared.
+
+    ``warmup``: the task scheduler's warm-up in the warm runs (``gradtune tune --warmup``).
+    Another than tune's default is an ablation of the warm start alone: its layout makes
+    only warm runs, and copies the untuned, full and transfer runs in from the default's
+    (``adopt``), so that every warm-up is weighed against the same cold runs."""
+
+    warmup: str = WARM_DEFAULT
 
     @property
     def root(self) -> Path:
         suffix = f"-{self.gradient_config}" if self.gradient_config else ""
+        if self.warmup != WARM_DEFAULT:
+            suffix += f"-warmup-{self.warmup}"
         return self.work / f"{self.budget:g}s-transfer{suffix}"
+
+    def child_args(self) -> list[str]:
+        warmup = ["--warmup", self.warmup] if self.warmup != WARM_DEFAULT else []
+        return [*super().child_args(), *warmup]
+
+    def adopt(self, spec: RunSpec) -> Path | None:
+        """Copy in the default warm-up's finished untuned, full or transfer run ``spec``
+        (none of them has a warm-up of its own); returns where it came from, or None."""
+        if self.warmup == WARM_DEFAULT or spec.searcher == WARM or self.finished(spec):
+            return None
+        default = TransferLayout(self.work, self.budget, self.gradient_config)
+        return self.copy_in(spec, default.run_dir(spec))
 
     def prepared(self, model: str) -> Path:
         return Layout(self.work, self.budget).prepared(model)

@@ -105,6 +105,7 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
                 RunSpec(spec.model, "gradient", spec.repeat), tasks, target, tracker,
                 layout.budget if search else TRANSFER_BUDGET, run_dir, weights,
                 gradient=layout.gradient_kwargs(), warm_start=hook, search=search,
+                warmup=layout.warmup if spec.searcher == WARM else None,
             )  # fmt: skip
         if not search:
             tuned["overrun_pct"] = 0.0

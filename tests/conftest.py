@@ -62,6 +62,16 @@ def http_server(argv: list[str], health_url: str, env: dict | None = None):
 
 
 @pytest.fixture(scope="module")
+def fleet():
+    """One local RPC fleet for a module's tunes (starting one takes ~5 s on 2 cores); not for
+    tests that stop, kill or interrupt it."""
+    from gradtune.measure.rpc_fleet import LocalFleet
+
+    with LocalFleet() as tracker:
+        yield tracker
+
+
+@pytest.fixture(scope="module")
 def mlflow_server(tmp_path_factory):
     """A real MLflow tracking server (sqlite store, proxied artifacts) on 127.0.0.1."""
     from gradtune.measure.rpc_fleet import free_port

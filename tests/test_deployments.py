@@ -273,7 +273,7 @@ def test_operator_commands_deploy_and_a_worker_runs_tune_model(tmp_path):
             {
                 "model": "examples/small_cnn.py",
                 "entry": "tiny_mlp",
-                "trials": 4,
+                "trials": 2,
                 "out": str(out),
                 "name": "deployed-mlp",
             }  # fmt: skip

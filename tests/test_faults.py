@@ -819,7 +819,7 @@ def failed_registration(tmp_path_factory):
     log_out, log_err = root / "tune.stdout", root / "tune.stderr"
     with mlflow_server(root / "store", port) as uri:
         argv = [sys.executable, "-m", "gradtune.cli", "tune", str(EXAMPLES / "small_cnn.py"),
-                "--entry", "tiny_mlp", "--trials", "4", "--out", str(out), "--name", NAME,
+                "--entry", "tiny_mlp", "--trials", "2", "--out", str(out), "--name", NAME,
                 "--mlflow-uri", uri]  # fmt: skip
         with open(log_out, "w") as stdout, open(log_err, "w") as stderr:
             proc = subprocess.Popen(argv, cwd=ROOT, stdout=stdout, stderr=stderr, text=True)

@@ -47,33 +47,31 @@ def test_ranking_metrics_and_rank_training_learn_an_order():
 
 @pytest.mark.slow
 def test_gradient_search_tunes_and_resumes_without_measuring_twice(
-    tiny_model, llvm_target, tmp_path
+    tiny_model, llvm_target, tmp_path, fleet
 ):
-    from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.search import make_strategy
     from gradtune.search.gradient_search import GradientConfig
     from gradtune.tune import count_records, run_database, tune
 
     _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
     config = GradientConfig(seeds=4, steps=6)
-    with LocalFleet() as tracker:
-        first = make_strategy("gradient", config=config)
-        result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=8, search=first,
-                      trials_per_round=4)  # fmt: skip
-        assert result.trials == 8 and count_records(run_database(tmp_path)) == 8
-        assert result.rounds and not result.search_summary.fallback_tasks
-        # What it searched with, whole (defaults move between commits), as JSON gives it back.
-        assert result.search_config["seeds"] == 4 and result.search_config["steps"] == 6
-        assert result.search_config["split_bounds"] == list(config.split_bounds)
-        assert set(result.search_config) == set(GradientConfig._fields)
-        # Every batch was the gradient search's (its account joined the loop's record); the
-        # trials besides each task's default schedule, never more than the budget.
-        assert all(r.search is not None and 0 < r.measured <= 4 for r in result.rounds)
-        assert sum(r.measured for r in result.rounds) == 8 - len(tasks)
-        assert first.cost_model.losses, "measurements fine-tune the model"
-        second = make_strategy("gradient", config=config)
-        tune(tasks, llvm_target, tmp_path, tracker, max_trials=12, search=second,
-             trials_per_round=4)  # fmt: skip
+    first = make_strategy("gradient", config=config)
+    result = tune(tasks, llvm_target, tmp_path, fleet, max_trials=8, search=first,
+                  trials_per_round=4)  # fmt: skip
+    assert result.trials == 8 and count_records(run_database(tmp_path)) == 8
+    assert result.rounds and not result.search_summary.fallback_tasks
+    # What it searched with, whole (defaults move between commits), as JSON gives it back.
+    assert result.search_config["seeds"] == 4 and result.search_config["steps"] == 6
+    assert result.search_config["split_bounds"] == list(config.split_bounds)
+    assert set(result.search_config) == set(GradientConfig._fields)
+    # Every batch was the gradient search's (its account joined the loop's record); the
+    # trials besides each task's default schedule, never more than the budget.
+    assert all(r.search is not None and 0 < r.measured <= 4 for r in result.rounds)
+    assert sum(r.measured for r in result.rounds) == 8 - len(tasks)
+    assert first.cost_model.losses, "measurements fine-tune the model"
+    second = make_strategy("gradient", config=config)
+    tune(tasks, llvm_target, tmp_path, fleet, max_trials=12, search=second,
+         trials_per_round=4)  # fmt: skip
     records = run_database(tmp_path).get_all_tuning_records()
     assert len(records) == 12
     import tvm_ffi
@@ -84,13 +82,12 @@ def test_gradient_search_tunes_and_resumes_without_measuring_twice(
 
 @pytest.mark.slow
 def test_adatune_search_tunes_with_the_bundled_ensemble_and_adaptive_measurement(
-    tiny_model, llvm_target, tmp_path
+    tiny_model, llvm_target, tmp_path, fleet
 ):
     """The whole of AdaTune on the descent in a real tune: the bundled ensemble, log EI,
     the contextual explore share logged per round, candidates timed by the adaptive evaluator
     (its device time accounted), every record in TVM's database format."""
     from gradtune.costmodel.online import OnlineCostModel
-    from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.measure.runner import MeasureSettings
     from gradtune.search import make_strategy
     from gradtune.search.gradient_search import GradientConfig
@@ -101,9 +98,8 @@ def test_adatune_search_tunes_with_the_bundled_ensemble_and_adaptive_measurement
     assert len(cost_model.members) == 4
     config = GradientConfig(seeds=4, steps=6, acquisition="ei", contextual_explore=True)
     strategy = make_strategy("gradient", cost_model=cost_model, config=config)
-    with LocalFleet() as tracker:
-        result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=8, search=strategy,
-                      trials_per_round=4, measure=MeasureSettings(mode="adaptive"))  # fmt: skip
+    result = tune(tasks, llvm_target, tmp_path, fleet, max_trials=8, search=strategy,
+                  trials_per_round=4, measure=MeasureSettings(mode="adaptive"))  # fmt: skip
     assert result.trials == 8 and count_records(run_database(tmp_path)) == 8
     searched = [r.search for r in result.rounds if r.search is not None]
     assert searched and all(0.05 <= s.explore_share <= 0.5 for s in searched)
@@ -112,9 +108,8 @@ def test_adatune_search_tunes_with_the_bundled_ensemble_and_adaptive_measurement
 
 
 @pytest.mark.slow
-def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, tmp_path):
+def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, tmp_path, fleet):
     from gradtune.frontend import load_model
-    from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.search import make_strategy
     from gradtune.tune import count_records, run_database, tune
     from tests.conftest import EXAMPLES
@@ -124,9 +119,8 @@ def test_task_without_modelled_sketches_falls_back_to_evolutionary(llvm_target, 
     reshape = [t for t in tasks if t.name == "reshape"]  # one sketch, no decisions at all
     assert reshape
     strategy = make_strategy("gradient")
-    with LocalFleet() as tracker:
-        result = tune(reshape, llvm_target, tmp_path, tracker, max_trials=2, search=strategy,
-                      trials_per_round=2)  # fmt: skip
+    result = tune(reshape, llvm_target, tmp_path, fleet, max_trials=2, search=strategy,
+                  trials_per_round=2)  # fmt: skip
     assert result.search_summary.fallback_tasks == ["reshape"]
     assert all(r.search is None for r in result.rounds), "evolutionary batches have no search"
     assert count_records(run_database(tmp_path)) >= 1

@@ -100,7 +100,7 @@ def test_retune_tunes_two_models_at_once_on_a_local_dask_cluster(tmp_path) -> No
     config.write_text("models:\n  - path: models/a.py\n  - path: models/b.py\n")
     result = run_cli(
         "retune", "--config", str(config), "--mlflow-uri", f"sqlite:///{tmp_path}/mlflow.db",
-        "--trials", "8", "--target", ONE_CORE, "--dask-workers", "2", "--out",
+        "--trials", "5", "--target", ONE_CORE, "--dask-workers", "2", "--out",
         str(tmp_path / "runs"),
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -115,7 +115,7 @@ def test_retune_tunes_two_models_at_once_on_a_local_dask_cluster(tmp_path) -> No
 
 
 @pytest.mark.slow
-def test_a_model_that_fails_on_a_worker_is_named(tmp_path) -> None:
+def test_a_model_that_fails_on_a_worker_is_named(tmp_path, monkeypatch) -> None:
     """Each model's task is retried once (declared on the task), then the run says which
     models failed."""
     from prefect.testing.utilities import prefect_test_harness
@@ -124,6 +124,12 @@ def test_a_model_that_fails_on_a_worker_is_named(tmp_path) -> None:
     from gradtune.entrypoints import load_flow
 
     retune_flow = load_flow("retune", "retune_concurrently")
+    remote = retune_flow.fn.__globals__["retune_remote"]
+    assert remote.retries == 1
+    # The declared retry without its wait (10 s, for a worker that died), which tells nothing.
+    monkeypatch.setitem(
+        retune_flow.fn.__globals__, "retune_remote", remote.with_options(retry_delay_seconds=0)
+    )
 
     specs = [ModelSpec(path=str(tmp_path / f"gone{i}.py")) for i in range(2)]
     settings = dict(trials=8, mlflow_uri=f"sqlite:///{tmp_path}/m.db", alias="challenger")

@@ -133,30 +133,30 @@ def test_a_batch_joins_early_when_pipelined_and_is_measured_alone_on_this_host(
 
     @derived_object
     class Recording(Stoppable._cls):
-        """MetaSchedule's replay-trace, logging its batches; a task's first batch waits 3 s
-        after another task's (time for that one to be measured)."""
+        """MetaSchedule's replay-trace, logging its batches; a task's first batch waits
+        ``pause`` s after another task's (time for that one to be measured)."""
 
-        def __init__(self, session=None) -> None:
+        def __init__(self, session=None, pause: float = 3.0) -> None:
             super().__init__("replay-trace", session)
-            self.name, self.first = "", True
+            self.name, self.first, self.pause = "", True, pause
 
         def _initialize_with_tune_context(self, context) -> None:
             super()._initialize_with_tune_context(context)
             self.name = str(context.task_name)
 
         def generate_measure_candidates(self):
-            if self.first and events:
-                time.sleep(3)
+            if self.first and events and self.pause:
+                time.sleep(self.pause)
             self.first = False
             events.append(("generate", self.name))
             return super().generate_measure_candidates()
 
         def clone(self):
-            return Recording(self.session)
+            return Recording(self.session, self.pause)
 
     with LocalFleet() as tracker:
         result = tune(tasks, llvm_target, tmp_path / "pipelined", tracker,
-                      max_trials=4 * len(tasks), search=Recording(), trials_per_round=2,
+                      max_trials=3 * len(tasks), search=Recording(), trials_per_round=2,
                       on_round=lambda r: events.append(("round", r.task)),
                       exclusive_measurement=False)  # fmt: skip
         generated = [i for i, (kind, _) in enumerate(events) if kind == "generate"]
@@ -166,8 +166,9 @@ def test_a_batch_joins_early_when_pipelined_and_is_measured_alone_on_this_host(
         assert result.rounds[-1].trials == result.trials
 
         events.clear()
+        # No pause: it could only give a batch joined too late the time to be measured.
         result = tune(tasks, llvm_target, tmp_path / "alone", tracker,
-                      max_trials=3 * len(tasks), search=Recording(), trials_per_round=2,
+                      max_trials=3 * len(tasks), search=Recording(pause=0), trials_per_round=2,
                       on_round=lambda r: events.append(("round", r.task)))  # fmt: skip
     kinds = [kind for kind, _ in events]
     assert kinds == ["generate", "round"] * (len(kinds) // 2), events

@@ -516,12 +516,11 @@ def test_warm_start_from_an_empty_library_tunes_cold_with_a_one_line_notice(
 
 @pytest.mark.slow
 def test_tune_then_transfer_to_other_shapes_then_warm_start(
-    tiny_model, llvm_target, tmp_path, monkeypatch
+    tiny_model, llvm_target, tmp_path, monkeypatch, fleet
 ):
     """A tiny model tuned briefly is the library; a model of the same kernel classes at other
     shapes is transferred to through the CLI (compiled, verified, registered), then tuned with
     a warm start whose transferred programs the gradient search takes up."""
-    from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.search import make_strategy
     from gradtune.search.gradient_search import GradientConfig
     from gradtune.search.scheduler import GradientTaskScheduler
@@ -533,9 +532,8 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(
     _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
     source_dir.mkdir()
     write_task_table(source_dir, tasks, asdict(DEFAULT_LOWERING))
-    with LocalFleet() as tracker:
-        tune(tasks, llvm_target, source_dir, tracker, max_trials=6, search="replay-trace",
-             trials_per_round=2)  # fmt: skip
+    tune(tasks, llvm_target, source_dir, fleet, max_trials=6, search="replay-trace",
+         trials_per_round=2)  # fmt: skip
 
     # Transfer only, as a user runs it.
     out = tmp_path / "transferred"
@@ -582,13 +580,12 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(
         real_seed(self, task_id, best_ms)
 
     monkeypatch.setattr(GradientTaskScheduler._cls, "seed", seed)
-    with LocalFleet() as tracker:
-        result = tune(wide, llvm_target, warm_dir, tracker, max_trials=8, search=strategy,
-                      trials_per_round=2, warm_start=warm, on_round=reported.append)  # fmt: skip
-        # A budget the defaults use up leaves no search, so no warm-up was skipped.
-        spent = tune(wide, llvm_target, tmp_path / "spent", tracker, max_trials=len(wide),
-                     search=make_strategy("gradient", config=GradientConfig(seeds=4, steps=4)),
-                     warm_start=Transfer(wide, llvm_target, source))  # fmt: skip
+    result = tune(wide, llvm_target, warm_dir, fleet, max_trials=8, search=strategy,
+                  trials_per_round=2, warm_start=warm, on_round=reported.append)  # fmt: skip
+    # A budget the defaults use up leaves no search, so no warm-up was skipped.
+    spent = tune(wide, llvm_target, tmp_path / "spent", fleet, max_trials=len(wide),
+                 search=make_strategy("gradient", config=GradientConfig(seeds=4, steps=4)),
+                 warm_start=Transfer(wide, llvm_target, source))  # fmt: skip
     assert spent.trials == len(wide) and spent.warmup_skipped == []
     assert result.trials == 8 and warm.stats.measured >= 1
     assert result.rounds[0].task == "transfer" and result.rounds[0].measured == warm.stats.measured

@@ -41,17 +41,14 @@ def test_a_programs_latency_is_the_median_of_its_run_secs_and_inf_when_it_failed
     assert result_seconds(failed) == math.inf
 
 
-def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tmp_path):
-    from gradtune.measure.rpc_fleet import LocalFleet
+def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tmp_path, fleet):
     from gradtune.tune import tune
 
     _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
     rounds, starts = [], []
-    with LocalFleet() as tracker:
-        # Time for the default schedules and some batches, not for 400 trials.
-        result = tune(tasks, llvm_target, tmp_path, tracker, max_trials=400, time_budget=20.0,
-                      trials_per_round=4, on_start=starts.append,
-                      on_round=rounds.append)  # fmt: skip
+    # Time for the default schedules and some batches, not for 400 trials.
+    result = tune(tasks, llvm_target, tmp_path, fleet, max_trials=400, time_budget=20.0,
+                  trials_per_round=4, on_start=starts.append, on_round=rounds.append)  # fmt: skip
     assert starts == [0]
     assert result.stopped_by_time_budget
     assert 0 < result.trials < 400
@@ -91,19 +88,17 @@ def test_ctrl_c_swallowed_inside_tvm_still_stops_the_run(tiny_model, llvm_target
 
 @pytest.mark.slow
 def test_default_schedules_are_measured_first_kept_on_resume_and_compile(
-    tiny_model, llvm_target, tmp_path
+    tiny_model, llvm_target, tmp_path, fleet
 ):
     """Every task's default schedule is a measured record before the search starts (so the
     compiler never gets a program slower than untuned); a resumed run does not re-measure it;
     a database of defaults only compiles to a model with the reference's outputs."""
     from gradtune import compilation
     from gradtune.measure.baseline import is_default
-    from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.tune import tune
 
     fused, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
-    with LocalFleet() as tracker:
-        first = tune(tasks, llvm_target, tmp_path, tracker, max_trials=len(tasks))
+    first = tune(tasks, llvm_target, tmp_path, fleet, max_trials=len(tasks))
     records = list(run_database(tmp_path).get_all_tuning_records())
     assert first.trials == len(records) == len(tasks)
     assert all(is_default(r) and r.run_secs for r in records)
@@ -114,9 +109,8 @@ def test_default_schedules_are_measured_first_kept_on_resume_and_compile(
     outputs = compilation.Runner(exe, llvm_target, tiny_model.inputs).outputs()
     compilation.verify(outputs, tiny_model.reference_outputs, "defaults-only build")
 
-    with LocalFleet() as tracker:
-        again = tune(tasks, llvm_target, tmp_path, tracker, max_trials=len(tasks) + 4,
-                     trials_per_round=2)  # fmt: skip
+    again = tune(tasks, llvm_target, tmp_path, fleet, max_trials=len(tasks) + 4,
+                 trials_per_round=2)  # fmt: skip
     records = list(run_database(tmp_path).get_all_tuning_records())
     assert sum(is_default(r) for r in records) == len(tasks)  # none measured twice
     assert again.resumed_trials == len(tasks) and len(records) == len(tasks) + again.trials
@@ -130,22 +124,19 @@ def test_default_schedules_are_measured_first_kept_on_resume_and_compile(
 
 
 @pytest.mark.slow
-def test_a_run_confirms_only_when_asked(tiny_model, llvm_target, tmp_path):
+def test_a_run_confirms_only_when_asked(tiny_model, llvm_target, tmp_path, fleet):
     """By default each task's recorded best ships; asked, the run re-times each task's few
     best quietly, ships the quietly fastest, and says so in ``best_us``."""
     from gradtune.measure.confirm import ACCOUNT_FILE
-    from gradtune.measure.rpc_fleet import LocalFleet
     from gradtune.tune import tune
 
     _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
     runs = {}
-    with LocalFleet() as tracker:
-        runs["plain"] = tune(tasks, llvm_target, tmp_path / "plain", tracker,
-                             max_trials=len(tasks) + 4, search="replay-trace",
-                             trials_per_round=2)  # fmt: skip
-        runs["asked"] = tune(tasks, llvm_target, tmp_path / "asked", tracker,
-                             max_trials=len(tasks) + 4, search="replay-trace",
-                             trials_per_round=2, confirm_top_k=2)  # fmt: skip
+    # Unasked, nothing is confirmed whether a search ran or not: the defaults alone will do.
+    runs["plain"] = tune(tasks, llvm_target, tmp_path / "plain", fleet, max_trials=len(tasks))
+    runs["asked"] = tune(tasks, llvm_target, tmp_path / "asked", fleet,
+                         max_trials=len(tasks) + 4, search="replay-trace",
+                         trials_per_round=2, confirm_top_k=2)  # fmt: skip
     assert runs["plain"].confirmation is None
     assert not (tmp_path / "plain" / ACCOUNT_FILE).exists()
     confirmation = runs["asked"].confirmation

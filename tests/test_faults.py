@@ -342,7 +342,9 @@ def _alive(proc: psutil.Process) -> bool:
 # --------------------------------------------------------------------------- real tuning runs
 
 FLEET_MEMBER = "gradtune.measure.fleet_member"  # the module a fleet's tracker and servers run
-TRIALS = 4  # two tasks: a first batch of 2 each, the smallest run with something left to resume
+# Two tasks: their defaults, then batches of 2. A run stopped after its defaults resumes with
+# two batches left, so the resumed run can be stopped again mid-search.
+TRIALS = 6
 
 
 class TuneRun:
@@ -435,41 +437,18 @@ def _resume_and_check(run: TuneRun, kept: list[str]) -> str:
 
 
 @pytest.mark.slow
-def test_kill_9_of_the_cli_leaves_nothing_running_and_its_torn_lines_are_repaired_on_resume(
-    tmp_path,
-):
-    """kill -9 of the CLI: every process it started dies with it, their logs go, and no
-    measured record is lost. A kill -9 can land in the middle of an append to either file of
-    the database: both are torn here (one run serves both checks: each costs two tunes)."""
-    run = TuneRun(tmp_path / "out")
-    run.wait_for_records(2)
-    fleet = run.fleet()
-    everything = run.processes()
-    logs = _log_dirs(fleet)
-    run.proc.kill()
-    run.proc.wait()
-    assert _gone(everything, within=10), [p.cmdline() for p in everything if _alive(p)]
-    assert not [d for d in logs if os.path.exists(d)], "RPC log directories left behind"
+def test_sigterm_then_kill_9_stop_a_tune_that_resume_finishes(tmp_path):
+    """One run stopped twice, each stop's resume the next stage (a tune less per check).
 
-    records, workloads = run.out / RECORDS, run.out / WORKLOADS
-    kept = _whole(_records(run.out))[:-1]
-    torn = _whole(_records(run.out))[-1]
-    records.write_text("".join(line + "\n" for line in kept) + torn[: len(torn) // 2])
-    first_workload = workloads.read_text().splitlines()[0]
-    with open(workloads, "a") as f:
-        f.write(first_workload[: len(first_workload) // 2])
-    output = _resume_and_check(run, kept)
-    assert f"repaired 1 torn line(s) in {records}" in output.replace("\n", "")
-    assert f"repaired 1 torn line(s) in {workloads}" in output.replace("\n", "")
-    assert _tvm_reads(run.out) == len(_records(run.out))
+    SIGTERM, as ``timeout`` or CI sends it, while the RPC server hangs (its workers frozen:
+    the C++ scheduler waits on a device that will never answer): the run stops within 10 s
+    with one line, and nothing it started is left. SIGINT, as a terminal's Ctrl-C sends it to
+    the process group while the server measures, is the same checks in ``test_e2e``.
 
-
-@pytest.mark.slow
-def test_sigterm_mid_tune_stops_it_within_10_s_and_resume_finishes_it(tmp_path):
-    """SIGTERM as ``timeout`` or CI sends it, while the RPC server hangs (its workers frozen:
-    the C++ scheduler waits on a device that will never answer). SIGINT as a terminal's
-    Ctrl-C sends it, to the process group while the server measures, is the same checks in
-    ``test_e2e`` (its resumed run is the end-to-end one: one tuning less here)."""
+    Resumed, it is killed -9 mid-search: every process it started dies with it, their logs
+    go, and no measured record is lost. A kill -9 can land in the middle of an append to
+    either file of the database: both are torn here, and the last resume repairs them and
+    finishes the run."""
     run = TuneRun(tmp_path / "out")
     run.wait_for_records(2)
     fleet = run.fleet()
@@ -496,7 +475,31 @@ def test_sigterm_mid_tune_stops_it_within_10_s_and_resume_finishes_it(tmp_path):
     assert "Traceback" not in output, output[-3000:]
     assert _gone(everything, within=10), [p.cmdline() for p in everything if _alive(p)]
     assert not [d for d in logs if os.path.exists(d)], "RPC log directories left behind"
-    _resume_and_check(run, _whole(_records(run.out)))
+    stopped = _whole(_records(run.out))
+    assert len(stopped) <= TRIALS - 4, "two batches are left for the resumed run"
+
+    run = TuneRun(run.out, "--resume")
+    run.wait_for_records(len(stopped) + 1)  # its first batch: the second is under way
+    fleet = run.fleet()
+    everything = run.processes()
+    logs = _log_dirs(fleet)
+    run.proc.kill()
+    run.proc.wait()
+    assert _gone(everything, within=10), [p.cmdline() for p in everything if _alive(p)]
+    assert not [d for d in logs if os.path.exists(d)], "RPC log directories left behind"
+
+    records, workloads = run.out / RECORDS, run.out / WORKLOADS
+    kept = _whole(_records(run.out))[:-1]
+    torn = _whole(_records(run.out))[-1]
+    assert kept[: len(stopped)] == stopped, "the resume kept what SIGTERM left"
+    records.write_text("".join(line + "\n" for line in kept) + torn[: len(torn) // 2])
+    first_workload = workloads.read_text().splitlines()[0]
+    with open(workloads, "a") as f:
+        f.write(first_workload[: len(first_workload) // 2])
+    output = _resume_and_check(run, kept)
+    assert f"repaired 1 torn line(s) in {records}" in output.replace("\n", "")
+    assert f"repaired 1 torn line(s) in {workloads}" in output.replace("\n", "")
+    assert _tvm_reads(run.out) == len(_records(run.out))
 
 
 FAILED = 1e10  # MetaSchedule's run_secs for a candidate that failed to build or run

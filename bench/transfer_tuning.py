@@ -29,9 +29,10 @@ interleaved timing and the archive are the search-efficiency benchmark's, bench/
     .venv/bin/python bench/transfer_tuning.py --render       # re-analyse the saved runs
     .venv/bin/python bench/transfer_tuning.py --warmup stake # warm runs' warm-up ablation
 
-An ablation of the warm runs' warm-up (``--warmup``; ``gradtune tune``'s default after a warm
-start is ``skip``) makes only warm runs; its untuned, full and transfer runs are the default's,
-copied in once finished, so every warm-up is weighed against the same cold runs.
+An ablation of the warm runs (``--warmup``, the task scheduler's warm-up, ``gradtune tune``'s
+default after a warm start being ``skip``; ``--warm-from all``, every source of the library
+together) makes only warm runs; its untuned, full and transfer runs are the default's, copied
+in once finished, so every warm start is weighed against the same cold runs.
 
 Interrupted (Ctrl-C, ``kill PID``), the same command resumes: finished runs are kept, a
 half-finished one is restarted. ``--archive DIR`` / ``--restore DIR`` carry finished runs
@@ -52,7 +53,15 @@ from pathlib import Path
 from searchbench import driver
 from searchbench.layout import RunSpec, add_work_and_out, resolve_out
 from searchbench.models import MODELS, ROOT
-from transferbench.layout import FULL, KINDS, WARM, WARM_DEFAULT, TransferLayout, plan
+from transferbench.layout import (
+    FROM_DEFAULT,
+    FULL,
+    KINDS,
+    WARM,
+    WARM_DEFAULT,
+    TransferLayout,
+    plan,
+)
 
 from gradtune.search import WARMUPS
 
@@ -99,6 +108,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              f"{WARM_DEFAULT} lives apart, in <budget>s-transfer-warmup-<warmup>, with the "
              "other kinds of run copied in from the default's",
     )  # fmt: skip
+    parser.add_argument(
+        "--warm-from", default=FROM_DEFAULT, metavar="auto|all",
+        help="the warm runs' source (gradtune tune --from): Eq. 1's, or every source "
+             "together; all lives apart, in <budget>s-transfer-from-all, like --warmup",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     resolve_out(args, DEFAULT_WORK)
     return args
@@ -113,6 +127,8 @@ def check(args: argparse.Namespace) -> str | None:
         return "--models needs at least two: each model's library is the others' tuned models"
     if args.budget <= 0 or args.repeats < 1:
         return "--budget must be positive and --repeats at least 1"
+    if args.warm_from not in ("auto", "all"):
+        return f"unknown --warm-from {args.warm_from!r}; choose auto or all"
     if args.warmup not in WARMUPS:
         return f"unknown --warmup {args.warmup!r}; choose one of {', '.join(WARMUPS)}"
     if args.one and (args.one[0] not in MODELS or args.one[1] not in KINDS):
@@ -149,7 +165,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"transfer_tuning: {problem}", file=sys.stderr)
         return 2
     layout = TransferLayout(
-        args.work.resolve(), args.budget, args.gradient_config, warmup=args.warmup
+        args.work.resolve(),
+        args.budget,
+        args.gradient_config,
+        warmup=args.warmup,
+        warm_from=args.warm_from,
     )
     if problem := layout.config_problem():
         print(f"transfer_tuning: {problem}", file=sys.stderr)

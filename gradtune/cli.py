@@ -86,6 +86,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="start the search from schedules transferred from a library (see transfer)",
     )
     tune.add_argument(
+        "--from",
+        default="auto",
+        metavar="auto|all|NAME@ALIAS|DIR",
+        help="with --warm-start: the library's source (auto: the paper's Eq. 1; all: every "
+        "source's schedules together, each task's nearest in shape first)",
+    )
+    tune.add_argument(
         "--warmup",
         default=None,
         choices=WARMUPS,
@@ -265,8 +272,9 @@ def add_transfer_parser(sub) -> None:
     transfer.add_argument(
         "--from",
         default="auto",
-        metavar="auto|NAME@ALIAS|DIR",
-        help="the source to transfer from (auto: the paper's Eq. 1 over the library)",
+        metavar="auto|all|NAME@ALIAS|DIR",
+        help="the source to transfer from (auto: the paper's Eq. 1 over the library; all: "
+        "every source's schedules together, each task's nearest in shape first)",
     )
     add_run_options(transfer)
 
@@ -706,7 +714,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         confirm=args.confirm,
         warmup=None if transfer else args.warmup,
         library=args.library if transfer else args.warm_start,
-        library_from=getattr(args, "from") if transfer else "auto",
+        library_from=getattr(args, "from"),
         transfer_only=transfer,
         fast_math=args.fast_math,
         weight_prepack=args.weight_prepack,

@@ -65,8 +65,9 @@ class TuneJob:
         A schedule library (``transfer.library.load_library``'s SPEC): what ``tune
         --warm-start`` starts the search from, or what ``transfer`` transfers.
     library_from : str, default "auto"
-        The library's source to transfer from: "auto" (Eq. 1), or a NAME@ALIAS or run
-        directory, which is then the whole library.
+        The library's source to transfer from: "auto" (Eq. 1), "all" (every source's
+        schedules together), or a NAME@ALIAS or run directory, which is then the whole
+        library.
     transfer_only : bool, default False
         Transfer and search no further (``gradtune transfer``).
     fast_math : bool, default True
@@ -203,6 +204,10 @@ def validate(job: TuneJob) -> None:
         )
     if job.warmup is not None and job.warmup not in WARMUPS:
         raise GradtuneError(f"unknown --warmup {job.warmup!r}; choose one of {', '.join(WARMUPS)}")
+    if job.library_from != "auto" and job.library is None:
+        raise GradtuneError(
+            f"--from {job.library_from} needs --warm-start: a library to take it from"
+        )
     if job.confirm < 0:
         raise GradtuneError(f"--confirm must be 0 or more programs per task, got {job.confirm}")
     if job.conv_layout not in CONV_LAYOUT_CHOICES:

@@ -35,7 +35,7 @@ from .target import is_gpu, make_target
 from .task_timing import task_run_seconds
 from .threads import runtime_threads, target_threads
 from .transfer.library import load_library, write_task_table
-from .transfer.run import AUTO, Transfer, library_spec, library_uri, select_source
+from .transfer.run import Transfer, library_spec, library_uri, select_source, source_choice
 from .tune import TuneResult, tune
 
 log = logging.getLogger(__name__)
@@ -193,7 +193,9 @@ def transfer_from_library(job: TuneJob, tasks: list[TuningTask], target: Any) ->
     library = load_library(library_spec(job), library_uri(job))
     if library.skipped:
         console.print(f"[yellow]library[/]: {len(library.skipped)} unreadable source(s) skipped")
-    source, lines = select_source(tasks, library, target, AUTO, job.lowering_options())
+    source, lines = select_source(
+        tasks, library, target, source_choice(job), job.lowering_options()
+    )
     # Without a source the last line says why; a warm start says it once, as its notice.
     cold = source is None and not job.transfer_only
     for line in lines[:-1] if cold else lines:

@@ -89,6 +89,28 @@ def test_ranking_picks_the_eq1_maximum_not_the_largest_source():
     assert ranked[-1].score == 0.0
 
 
+def test_all_sources_together_offer_every_schedule_of_the_models_classes():
+    """``--from all``: one source holding the schedules of every source that has any of the
+    model's classes; Eq. 1's ranking is still printed, and a library without any is cold."""
+    from gradtune.transfer.run import ALL, select_source
+
+    # Classes whose loops no lowering option shapes (a convolution's carry its layout).
+    tasks = [_task("a", "matmul+add", 80.0), _task("b", "softmax", 20.0)]
+    sources = [
+        _source("few-dense", {"matmul+add": 2}),
+        _source("both", {"matmul+add": 1, "softmax": 4}),
+        _source("unrelated", {"concatenate": 5}),
+    ]
+    chosen, lines = select_source(tasks, Library(sources), "t", ALL)
+    assert chosen.name == ALL and len(chosen.schedules) == 2 + 5
+    assert {s.source for s in chosen.schedules} == {"few-dense", "both"}
+    assert "Eq. 1 ranking (Σ_c P_c² · √|W_T,c|):" in lines and lines[-1] == (
+        "transferring from all 2: few-dense, both"
+    )
+    chosen, lines = select_source(tasks, Library(sources[2:]), "t", ALL)
+    assert chosen is None and "nothing to transfer" in lines[-1]
+
+
 def test_transfer_classes_join_compute_kernels_across_epilogues_only():
     bn_conv = "conv2d+subtract+divide+multiply+add+relu"
     assert transfer_class(bn_conv) == transfer_class("conv2d+add+relu") == "conv2d"
@@ -473,6 +495,7 @@ def test_warm_start_refuses_a_library_spec_naming_nothing_in_one_line(
     _record_database(tmp_path / "other", mlp_tasks, [other_target])
     line = _tune_fails(capsys, ["--warm-start", str(tmp_path / "other")], out)
     assert "not for this run's target" in line
+    assert "--from all needs --warm-start" in _tune_fails(capsys, ["--from", "all"], out)
 
 
 def test_warm_start_from_an_empty_library_tunes_cold_with_a_one_line_notice(

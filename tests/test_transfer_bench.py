@@ -19,6 +19,7 @@ pytestmark = pytest.mark.usefixtures("bench_on_path")
         (["--budget", "0"], "--budget must be positive"),
         (["--gradient-config", "no_such_field=1"], "GradientConfig has no field no_such_field"),
         (["--warmup", "random"], "unknown --warmup 'random'; choose one of model"),
+        (["--warm-from", "best"], "unknown --warm-from 'best'; choose auto or all"),
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
@@ -193,3 +194,7 @@ def test_a_warm_up_ablation_makes_only_warm_runs_against_the_default_layouts_col
     assert stake.adopt(warm) is None and not stake.finished(warm), "warm runs are its own"
     assert stake.adopt(transfer) is None
     assert default.adopt(full) is None, "the default layout copies nothing"
+    every = TransferLayout(tmp_path, 480, warm_from="all")
+    assert every.root == tmp_path / "480s-transfer-from-all"
+    assert every.child_args()[-2:] == ["--warm-from", "all"]
+    assert every.adopt(full) == default.run_dir(full) and not every.finished(warm)

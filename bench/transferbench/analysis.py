@@ -136,6 +136,7 @@ def gather(layout: TransferLayout, specs: list[RunSpec], models: list[str]) -> d
         "partial": finished < len(specs),
         "budget_s": layout.budget,
         "warm_warmup": layout.warmup,  # the warm runs' task-scheduler warm-up
+        "warm_from": layout.warm_from,  # and the library's source they transfer from
     }
 
 

@@ -12,6 +12,8 @@ models, ``prepared/<model>.json``) and run machinery; its own runs live apart, u
                                                           runs of that gradient search
     work/<budget>s-transfer-warmup-<warmup>/              --warmup: warm runs with that
                                                           warm-up; the other kinds copied in
+    work/<budget>s-transfer-from-all/                     --warm-from all: likewise, warm
+                                                          runs from every source together
 
 A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
@@ -36,6 +38,7 @@ FINAL = "100"  # the build label: the model as tuned by the whole budget
 
 
 WARM_DEFAULT = "skip"  # ``gradtune tune``'s warm-up after a warm start
+FROM_DEFAULT = "auto"  # ``gradtune tune --from``: the source Eq. 1 ranks first
 
 
 @dataclass(frozen=True)
@@ -43,28 +46,37 @@ class TransferLayout(Layout):
     """``Layout`` with the runs under ``<budget>s-transfer`` (a name of its own, so that
     ``searchbench.archive`` keeps budgets apart); preparation stays shared.
 
-    ``warmup``: the task scheduler's warm-up in the warm runs (``gradtune tune --warmup``).
-    Another than tune's default is an ablation of the warm start alone: its layout makes
-    only warm runs, and copies the untuned, full and transfer runs in from the default's
-    (``adopt``), so that every warm-up is weighed against the same cold runs."""
+    ``warmup``: the task scheduler's warm-up in the warm runs (``gradtune tune --warmup``);
+    ``warm_from``: the library's source they transfer from (``gradtune tune --from``, "auto"
+    or "all"). Another than tune's default is an ablation of the warm start alone: its layout
+    makes only warm runs, and copies the untuned, full and transfer runs in from the
+    default's (``adopt``), so that every warm start is weighed against the same cold runs."""
 
     warmup: str = WARM_DEFAULT
+    warm_from: str = FROM_DEFAULT
+
+    @property
+    def warm_ablation(self) -> bool:
+        return (self.warmup, self.warm_from) != (WARM_DEFAULT, FROM_DEFAULT)
 
     @property
     def root(self) -> Path:
         suffix = f"-{self.gradient_config}" if self.gradient_config else ""
         if self.warmup != WARM_DEFAULT:
             suffix += f"-warmup-{self.warmup}"
+        if self.warm_from != FROM_DEFAULT:
+            suffix += f"-from-{self.warm_from}"
         return self.work / f"{self.budget:g}s-transfer{suffix}"
 
     def child_args(self) -> list[str]:
         warmup = ["--warmup", self.warmup] if self.warmup != WARM_DEFAULT else []
-        return [*super().child_args(), *warmup]
+        warm_from = ["--warm-from", self.warm_from] if self.warm_from != FROM_DEFAULT else []
+        return [*super().child_args(), *warmup, *warm_from]
 
     def adopt(self, spec: RunSpec) -> Path | None:
-        """Copy in the default warm-up's finished untuned, full or transfer run ``spec``
-        (none of them has a warm-up of its own); returns where it came from, or None."""
-        if self.warmup == WARM_DEFAULT or spec.searcher == WARM or self.finished(spec):
+        """Copy in the default warm start's finished untuned, full or transfer run ``spec``
+        (none of them warm-starts); returns where it came from, or None."""
+        if not self.warm_ablation or spec.searcher == WARM or self.finished(spec):
             return None
         default = TransferLayout(self.work, self.budget, self.gradient_config)
         return self.copy_in(spec, default.run_dir(spec))

@@ -32,7 +32,8 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
         f"Budget B = {data['budget_s']:g} s per tuning run; runs finished "
         f"{data['runs']['finished']} of {data['runs']['planned']}; full and warm runs per "
         f"model: {'/'.join(map(str, repeats)) or '–'}; warm runs' warm-up "
-        f"`{data.get('warm_warmup', 'skip')}` (`gradtune tune --warmup`); rendered at "
+        f"`{data.get('warm_warmup', 'skip')}` (`gradtune tune --warmup`), source "
+        f"`{data.get('warm_from', 'auto')}` (`--from`); rendered at "
         f"{git_commit()}.",
         commits_line(data),
     ]

@@ -48,18 +48,23 @@ def default_lowering() -> dict[str, Any]:
 
 class LibraryTransfer:
     """tune's ``warm_start`` hook that reads the library when called (inside the clock): the
-    sources by Eq. 1, then ``transfer.run.Transfer`` from the best."""
+    sources by Eq. 1 (``choice`` "auto"; "all": every source together, ``--from all``), then
+    ``transfer.run.Transfer`` from the chosen."""
 
-    def __init__(self, tasks: list[Any], target: Any, library: list[Path]) -> None:
-        self.tasks, self.target, self.library = tasks, target, library
+    def __init__(
+        self, tasks: list[Any], target: Any, library: list[Path], choice: str = "auto"
+    ) -> None:
+        self.tasks, self.target, self.library, self.choice = tasks, target, library, choice
         self.transfer: Any = None
 
     def __call__(self, database: Any, builder: Any, runner: Any, trials_left: int) -> int:
         from gradtune.transfer.library import load_library
-        from gradtune.transfer.run import AUTO, Transfer, select_source
+        from gradtune.transfer.run import Transfer, select_source
 
         library = load_library(",".join(str(d) for d in self.library))
-        source, lines = select_source(self.tasks, library, self.target, AUTO, default_lowering())
+        source, lines = select_source(
+            self.tasks, library, self.target, self.choice, default_lowering()
+        )
         print("\n".join(lines), flush=True)
         self.transfer = Transfer(self.tasks, self.target, source, ranking=lines)
         return self.transfer(database, builder, runner, trials_left)
@@ -92,7 +97,8 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
     library = layout.library_dirs(spec.model) if spec.searcher in (TRANSFER, WARM) else []
     if spec.searcher in (TRANSFER, WARM) and not library:
         raise RuntimeError(f"no other model's {FULL} run finished: the library would be empty")
-    hook = LibraryTransfer(tasks, target, library) if library else None
+    choice = layout.warm_from if spec.searcher == WARM else "auto"
+    hook = LibraryTransfer(tasks, target, library, choice) if library else None
     weights = Path(prepared["weights"])
     if spec.searcher == UNTUNED:
         for name in (searchrun.WORKLOAD_FILE, searchrun.RECORD_FILE):

@@ -32,6 +32,9 @@ from .selection import rank_sources, ranking_lines
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
+# Every source of the library at once: a task's candidates are the nearest in shape of all
+# the library's schedules of its class, not only those of the model Eq. 1 chose.
+ALL = "all"
 CANDIDATES_PER_TASK = 16  # the paper tries every compatible schedule; a source rarely has more
 
 
@@ -54,7 +57,13 @@ class TransferStats:
 def library_spec(job: Any) -> str:
     """The SPEC a job reads its library from: ``--from`` when it names a source, which is
     then the whole library; ``--library`` / ``--warm-start`` otherwise."""
-    return job.library if job.library_from == AUTO else job.library_from
+    return job.library if job.library_from in (AUTO, ALL) else job.library_from
+
+
+def source_choice(job: Any) -> str:
+    """What ``select_source`` chooses by for a job: ``all`` sources or Eq. 1 (``auto``,
+    also over a library of the one source ``--from`` named)."""
+    return ALL if job.library_from == ALL else AUTO
 
 
 def library_uri(job: Any) -> str | None:
@@ -72,10 +81,11 @@ def select_source(
     choice: str = AUTO,
     lowering: dict[str, Any] | None = None,
 ) -> tuple[Source | None, list[str]]:
-    """The source to transfer from and the lines to print: by Eq. 1 (``choice`` "auto"), or
-    the library's source named ``choice``. None (with a notice) when no source has a schedule
-    of any of the model's kernel classes, or when the library is empty (the last line then
-    says why). Raises for a library of another target only.
+    """The source to transfer from and the lines to print: by Eq. 1 (``choice`` "auto"), the
+    library's source named ``choice``, or (``choice`` "all") every source as one, their
+    schedules together. None (with a notice) when no source has a schedule of any of the
+    model's kernel classes, or when the library is empty (the last line then says why).
+    Raises for a library of another target only.
 
     Only schedules tuned under this run's ``lowering`` of their loops are ranked and offered
     (``Source.fitting``; None: the default lowering), as only this target's are."""
@@ -93,7 +103,14 @@ def select_source(
             f"{left_out} schedule(s) tuned under another lowering of their loops left out "
             f"({', '.join(SHAPING_OPTIONS)})",
         )
-    if choice == AUTO:
+    if choice == ALL:
+        merged = [s for r in ranked if r.score > 0 for s in r.source.schedules]
+        best = rank_sources(tasks, [Source(ALL, ranked[0].source.target, merged)])[0]
+        named = [r.source.name for r in ranked if r.score > 0]
+        if best.score > 0:
+            lines.append(f"transferring from all {len(named)}: {', '.join(named)}")
+            return best.source, lines
+    elif choice == AUTO:
         best = ranked[0]
     else:
         named = [r for r in ranked if r.source.name == choice]

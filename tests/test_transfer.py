@@ -94,7 +94,7 @@ def test_all_sources_together_offer_every_schedule_of_the_models_classes():
     model's classes; Eq. 1's ranking is still printed, and a library without any is cold."""
     from gradtune.transfer.run import ALL, select_source
 
-    # Classes whose loops no lowering option shapes (a convolution's carry its layout).
+    # Classes whose loops no lowering option shapes (a convolution's schedule records its layout).
     tasks = [_task("a", "matmul+add", 80.0), _task("b", "softmax", 20.0)]
     sources = [
         _source("few-dense", {"matmul+add": 2}),

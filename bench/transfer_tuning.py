@@ -30,7 +30,7 @@ interleaved timing and the archive are the search-efficiency benchmark's, bench/
     .venv/bin/python bench/transfer_tuning.py --warmup stake # warm runs' warm-up ablation
 
 An ablation of the warm runs (``--warmup``, the task scheduler's warm-up, ``gradtune tune``'s
-default after a warm start being ``skip``; ``--warm-from all``, every source of the library
+default after a warm start being ``stake``; ``--warm-from all``, every source of the library
 together) makes only warm runs; its untuned, full and transfer runs are the default's, copied
 in once finished, so every warm start is weighed against the same cold runs.
 
@@ -199,8 +199,8 @@ def main(argv: list[str] | None = None) -> int:
     specs = plan(models, args.repeats)
     mixed = None if args.render else layout.mixed_config(specs, (FULL, WARM))
     if mixed:
-        print(f"transfer_tuning: {mixed}; name it with --gradient-config, or use another --work",
-              file=sys.stderr)  # fmt: skip
+        hint = "name it with --gradient-config or --warmup, or use another --work"
+        print(f"transfer_tuning: {mixed}; {hint}", file=sys.stderr)
         return 2
     completed = True
     if not args.render:

@@ -98,7 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=WARMUPS,
         help="the task scheduler's first batches: one per task in the model's order (model), "
         "the most latency at stake first (stake), or none, every task with a measured "
-        "program weighed from the start (skip); default: skip after --warm-start, else model",
+        "program weighed from the start (skip); default: stake after --warm-start, else model",
     )
     add_run_options(tune)
     add_transfer_parser(sub)

@@ -88,7 +88,7 @@ class TuneJob:
         How the task scheduler's first batches go round: "model" (MetaSchedule's, one per
         task in the model's order), "stake" (one per task, the most latency at stake first)
         or "skip" (none: tasks with a measured program are weighed from the start); None:
-        "skip" after a warm start, else "model" (``tune.start_warmup``).
+        "stake" after a warm start, else "model" (``tune.start_warmup``).
     """
 
     model: str

@@ -80,16 +80,17 @@ def start_warmup(
     measured before the search: its default schedule's, and after a warm start the
     transferred ones'. Returns the tasks whose warm-up batch is skipped.
 
-    ``skip`` hands every measured task's latency to the scheduler as its first batch
-    (``GradientTaskScheduler.seed``), so the gradient policy picks, the most latency at stake
-    first, from the first round; a task with no working program still gets its batch. It is
-    the default after a warm start, whose measured programs are what the warm-up batch is
-    for: on an Intel Xeon warm starts reached cold tuning's final estimate only 1.39x sooner
-    with the model's warm-up. Its cost, measured on a 2-core Zen 2
-    (``bench/results/transfer_tuning_znver2.md``): 6-48x ahead of cold tuning's estimate at
-    60 s, but the whole budget went to the 3-7 largest tasks, and the small ones kept their
-    transferred or default programs, a few percent that cold tuning's warm-up batches win.
-    ``stake`` keeps a batch for every task and orders them by weight × latency."""
+    ``stake`` keeps a batch for every task and orders them by weight × latency; it is the
+    default after a warm start, whose transferred programs say where the latency is. With the
+    model's order, warm starts on an Intel Xeon reached cold tuning's final estimate only 1.39x
+    sooner: a 3.3 ms convolution may wait behind sub-µs tasks. ``skip`` hands every measured
+    task's latency to the scheduler as its first batch (``GradientTaskScheduler.seed``), so
+    the gradient policy picks, the most at stake first, from the first round; a task with no
+    working program still gets its batch. On a 2-core Zen 2 (one warm run per model,
+    ``bench/results/transfer_tuning_znver2_warmup_stake.md``) warm starts skipping it were
+    6-48x ahead of cold tuning at 60 s, but the policy spent the budget on the 3-7 largest
+    tasks and never searched the small ones: cold tuning's final estimate came 1.20x sooner
+    (geomean), against 1.56x with ``stake``."""
     if warmup not in WARMUPS:
         raise ValueError(f"unknown warm-up {warmup!r}")
     measured = {
@@ -331,7 +332,7 @@ def tune(
     tracker is on loopback, whose devices share this host's cores.
 
     ``warmup``: how the task scheduler's first batches go round (``start_warmup``): ``model``
-    (MetaSchedule's), ``stake`` or ``skip``. None, the default: ``skip`` after a warm start,
+    (MetaSchedule's), ``stake`` or ``skip``. None, the default: ``stake`` after a warm start,
     else ``model``.
     """
     import psutil
@@ -347,7 +348,7 @@ def tune(
     if search is None and warm_start is None:
         raise GradtuneError("no search and nothing to transfer: nothing to tune")
     if warmup is None:
-        warmup = "model" if warm_start is None else "skip"
+        warmup = "model" if warm_start is None else "stake"
     if warmup not in WARMUPS:
         raise GradtuneError(f"unknown warm-up {warmup!r}; choose one of {', '.join(WARMUPS)}")
     if isinstance(search, str) and search not in SEARCH_STRATEGIES:

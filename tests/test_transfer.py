@@ -604,18 +604,23 @@ def test_tune_then_transfer_to_other_shapes_then_warm_start(
 
     monkeypatch.setattr(GradientTaskScheduler._cls, "seed", seed)
     result = tune(wide, llvm_target, warm_dir, fleet, max_trials=8, search=strategy,
-                  trials_per_round=2, warm_start=warm, on_round=reported.append)  # fmt: skip
+                  trials_per_round=2, warm_start=warm, on_round=reported.append,
+                  warmup="skip")  # fmt: skip
     # A budget the defaults use up leaves no search, so no warm-up was skipped.
     spent = tune(wide, llvm_target, tmp_path / "spent", fleet, max_trials=len(wide),
                  search=make_strategy("gradient", config=GradientConfig(seeds=4, steps=4)),
-                 warm_start=Transfer(wide, llvm_target, source))  # fmt: skip
+                 warm_start=Transfer(wide, llvm_target, source), warmup="skip")  # fmt: skip
     assert spent.trials == len(wide) and spent.warmup_skipped == []
+    # Unasked, a warm start's warm-up goes by latency at stake (a cold run's, the model's order).
+    again = tune(wide, llvm_target, tmp_path / "spent", fleet, max_trials=len(wide),
+                 warm_start=Transfer(wide, llvm_target, source))  # fmt: skip
+    assert again.resumed_trials == len(wide) and again.warmup == "stake"
     assert result.trials == 8 and warm.stats.measured >= 1
     assert result.rounds[0].task == "transfer" and result.rounds[0].measured == warm.stats.measured
     assert reported[0] is result.rounds[0], "the transfer is reported as a batch, like the search's"
-    # Every task has a measured program (its default's, a transferred one): the task scheduler
-    # skips its warm-up and picks by gradient, so the search's first batch goes to the task
-    # with the most latency at stake.
+    # Every task has a measured program (its default's, a transferred one): told to, the task
+    # scheduler skips its warm-up and picks by gradient, so the search's first batch goes to
+    # the task with the most latency at stake.
     assert result.warmup_skipped == [t.name for t in wide]
     searched = [r.task for r in result.rounds[1:]]
     first = max(seeds, key=lambda i: float(wide[i].weight) * seeds[i])

@@ -105,7 +105,7 @@ def test_the_report_counts_the_tasks_whose_warm_up_a_warm_start_skipped(tmp_path
     from transferbench.layout import TransferLayout
     from transferbench.report import text
 
-    layout = TransferLayout(tmp_path, 120.0)
+    layout = TransferLayout(tmp_path, 120.0, warmup="skip")
     cold = {"rounds": _rounds((10, 900), (90, 500)), "final_estimated_us": 500.0, "wall_s": 120}
     warm = {"rounds": _rounds((15, 520), (30, 480)), "wall_s": 120, "tasks": 9}
     specs = [RunSpec("m", "full", 0), RunSpec("m", "warm", 0), RunSpec("m", "warm", 1)]
@@ -173,27 +173,33 @@ def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):
 
 
 def test_a_warm_up_ablation_makes_only_warm_runs_against_the_default_layouts_cold_ones(tmp_path):
-    """``--warmup stake`` lives apart and copies in the default warm-up's finished untuned,
-    full and transfer runs (every warm-up weighed against the same cold runs); its warm runs
-    are its own, and its children get the flag."""
+    """``--warmup skip`` (not tune's default) lives apart and copies in the default warm-up's
+    finished untuned, full and transfer runs (every warm-up weighed against the same cold
+    runs); its warm runs are its own, and its children get the flag. The default layout
+    refuses to add warm runs of its warm-up to those of another."""
     from searchbench.layout import RunSpec, write_json
     from transferbench.layout import FULL, TRANSFER, WARM, TransferLayout
 
-    default, stake = TransferLayout(tmp_path, 480), TransferLayout(tmp_path, 480, warmup="stake")
-    assert stake.root == tmp_path / "480s-transfer-warmup-stake" and stake.root != default.root
-    assert stake.child_args()[-2:] == ["--warmup", "stake"]
+    default, skip = TransferLayout(tmp_path, 480), TransferLayout(tmp_path, 480, warmup="skip")
+    assert skip.root == tmp_path / "480s-transfer-warmup-skip" and skip.root != default.root
+    assert skip.child_args()[-2:] == ["--warmup", "skip"]
     assert "--warmup" not in default.child_args()
     full, transfer, warm = (RunSpec("m", kind, 0) for kind in (FULL, TRANSFER, WARM))
-    assert stake.adopt(full) is None, "nothing finished to copy: it runs its own"
+    assert skip.adopt(full) is None, "nothing finished to copy: it runs its own"
     for spec in (full, warm):
         write_json(default.result(spec), {"run_id": spec.run_id, "searcher": spec.searcher})
     (default.run_dir(full) / "db").mkdir()
-    assert stake.adopt(full) == default.run_dir(full)
-    assert stake.finished(full) and (stake.run_dir(full) / "db").is_dir()
-    assert stake.adopt(full) is None, "copied once"
-    assert stake.adopt(warm) is None and not stake.finished(warm), "warm runs are its own"
-    assert stake.adopt(transfer) is None
+    assert skip.adopt(full) == default.run_dir(full)
+    assert skip.finished(full) and (skip.run_dir(full) / "db").is_dir()
+    assert skip.adopt(full) is None, "copied once"
+    assert skip.adopt(warm) is None and not skip.finished(warm), "warm runs are its own"
+    assert skip.adopt(transfer) is None
     assert default.adopt(full) is None, "the default layout copies nothing"
+    # A warm run from before runs recorded their warm-up ran skip: no stake run joins it.
+    specs = [warm, RunSpec("m", WARM, 1)]
+    assert "warm runs of warm-up skip, not stake" in default.mixed_config(specs, (FULL, WARM))
+    write_json(default.result(warm), {"run_id": warm.run_id, "searcher": WARM, "warmup": "stake"})
+    assert default.mixed_config(specs, (FULL, WARM)) is None
     every = TransferLayout(tmp_path, 480, warm_from="all")
     assert every.root == tmp_path / "480s-transfer-from-all"
     assert every.child_args()[-2:] == ["--warm-from", "all"]

@@ -37,7 +37,7 @@ LIBRARY_REPEAT = 0  # the full run of each model that the others' library holds
 FINAL = "100"  # the build label: the model as tuned by the whole budget
 
 
-WARM_DEFAULT = "skip"  # ``gradtune tune``'s warm-up after a warm start
+WARM_DEFAULT = "stake"  # ``gradtune tune``'s warm-up after a warm start (``skip`` until 5c2c36e)
 FROM_DEFAULT = "auto"  # ``gradtune tune --from``: the source Eq. 1 ranks first
 
 
@@ -72,6 +72,20 @@ class TransferLayout(Layout):
         warmup = ["--warmup", self.warmup] if self.warmup != WARM_DEFAULT else []
         warm_from = ["--warm-from", self.warm_from] if self.warm_from != FROM_DEFAULT else []
         return [*super().child_args(), *warmup, *warm_from]
+
+    def mixed_config(self, specs: list[RunSpec], searches: tuple[str, ...]) -> str | None:
+        """Also why the warm runs still to make would not be of the warm-up the layout's
+        finished ones ran (a run without a record of it ran ``skip``, before 157689f)."""
+        if moved := super().mixed_config(specs, searches):
+            return moved
+        pending = {s.model for s in specs if s.searcher == WARM and not self.finished(s)}
+        for model in sorted(pending):
+            for result in self.results(model):
+                ran = result.get("warmup", "skip")
+                if result.get("searcher") == WARM and ran != self.warmup:
+                    where = f"{self.root} holds {model} warm runs"
+                    return f"{where} of warm-up {ran}, not {self.warmup}"
+        return None
 
     def adopt(self, spec: RunSpec) -> Path | None:
         """Copy in the default warm start's finished untuned, full or transfer run ``spec``

@@ -24,7 +24,8 @@ The warm-up is one of ``gradtune.search.WARMUPS`` (``tune``'s ``warmup``):
   resnet18_like on a 2-core Zen 2 it took 256 s; its two sub-µs tasks came first and its
   3.3 ms convolution was joined 231 s in.
 - ``stake``: every task still, the most latency at stake first (``order_warmup``: weight ×
-  the best latency measured before the search, its default schedule's at least).
+  the best latency measured before the search, its default schedule's at least); ``tune``'s
+  default after a warm start.
 - ``skip``: none; a task with measured programs counts them as its first batch (``seed``) and
   the gradient policy picks from the first round. After warm starts on that Zen 2 it put them
   6-48x ahead of cold tuning at 60 s, but the policy then spent the budget on the few largest

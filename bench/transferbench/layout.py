@@ -37,7 +37,7 @@ LIBRARY_REPEAT = 0  # the full run of each model that the others' library holds
 FINAL = "100"  # the build label: the model as tuned by the whole budget
 
 
-WARM_DEFAULT = "stake"  # ``gradtune tune``'s warm-up after a warm start (``skip`` until 5c2c36e)
+WARM_DEFAULT = "stake"  # ``gradtune tune``'s warm-up after a warm start (``skip`` before bb2b638)
 FROM_DEFAULT = "auto"  # ``gradtune tune --from``: the source Eq. 1 ranks first
 
 

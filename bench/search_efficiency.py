@@ -85,6 +85,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="how candidates are timed (gradtune tune --measure), both searchers' runs; "
         "runs not fixed live apart",
     )  # fmt: skip
+    parser.add_argument(
+        "--warmup", default="model", metavar="model|stake|skip",
+        help="the task scheduler's warm-up (gradtune tune --warmup), both searchers' runs; "
+        "runs not model live apart",
+    )  # fmt: skip
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--render", action="store_true", help="only re-analyse saved results")
     mode.add_argument(
@@ -169,14 +174,14 @@ def versus(args: argparse.Namespace, layout: Layout) -> int:
     from searchbench.report import git_commit
     from searchbench.timing import final_libraries, time_versus
 
-    if not args.gradient_config and args.measure == "fixed":
-        print("search_efficiency: --versus compares a --gradient-config (or a --measure) "
-              "with the default configuration", file=sys.stderr)  # fmt: skip
+    if not args.gradient_config and args.measure == "fixed" and args.warmup == "model":
+        print("search_efficiency: --versus compares a --gradient-config (or a --measure, a "
+              "--warmup) with the default configuration", file=sys.stderr)  # fmt: skip
         return 2
     name = layout.root.name.split("s-", 1)[1]
     layouts = {"default": Layout(layout.work, layout.budget), name: layout}
     for config in args.against:
-        layouts[config] = Layout(layout.work, layout.budget, config, layout.measure)
+        layouts[config] = Layout(layout.work, layout.budget, config, layout.measure, layout.warmup)
     for each in layouts.values():
         if not final_libraries({"": each}, args.versus):
             # A layout is named by its budget too: the usual slip is a --budget left out.
@@ -208,7 +213,15 @@ def main(argv: list[str] | None = None) -> int:
         print("search_efficiency: --against weighs a configuration in a --versus timing; "
               "give --versus MODEL", file=sys.stderr)  # fmt: skip
         return 2
-    layout = Layout(args.work.resolve(), args.budget, args.gradient_config, args.measure)
+    from gradtune.search import WARMUPS
+
+    if args.warmup not in WARMUPS:
+        print(f"search_efficiency: unknown --warmup {args.warmup!r}; choose one of "
+              f"{', '.join(WARMUPS)}", file=sys.stderr)  # fmt: skip
+        return 2
+    layout = Layout(
+        args.work.resolve(), args.budget, args.gradient_config, args.measure, args.warmup
+    )
     if problem := layout.config_problem():
         print(f"search_efficiency: {problem}", file=sys.stderr)
         return 2
@@ -243,6 +256,8 @@ def main(argv: list[str] | None = None) -> int:
         stem += "_" + args.gradient_config.replace("=", "").replace(",", "_")
     if args.measure != "fixed":
         stem += f"_{args.measure}"
+    if args.warmup != "model":
+        stem += f"_warmup_{args.warmup}"
     if not args.render:
         if mixed := layout.mixed_config(specs, ("gradient",)):
             print(f"search_efficiency: {mixed}; name it with --gradient-config, or use another "

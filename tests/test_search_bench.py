@@ -43,6 +43,7 @@ def test_kernels_of_a_model_without_runs_is_one_line(tmp_path):
             "no finished runs of bert_block in",
         ),
         (["--against", "ranked_warmup=0"], "--against weighs a configuration in a --versus"),
+        (["--warmup", "random"], "unknown --warmup 'random'; choose one of model, stake, skip"),
     ],
 )
 def test_versus_without_an_ablation_or_runs_is_one_line(tmp_path, config, says):
@@ -343,6 +344,12 @@ def test_an_ablation_adopts_the_default_configurations_finished_evolutionary_run
     assert ablation.adopt(grad) is None and not ablation.finished(grad)
     assert Layout(tmp_path, 480.0, "steps=32", "adaptive").adopt(evo) is None
     assert default.adopt(evo) is None  # the default configuration tunes its own
+    # Another warm-up changes both searchers: its layout lives apart and adopts only from
+    # the default configuration of the same warm-up.
+    stake = Layout(tmp_path, 480.0, warmup="stake")
+    assert stake.root == tmp_path / "480s-warmup-stake" and stake.adopt(evo) is None
+    assert stake.child_args()[-2:] == ["--warmup", "stake"]
+    assert Layout(tmp_path, 480.0, "steps=32", warmup="stake").adopt(evo) is None
 
 
 def test_leave_out_weights_are_cached_per_choice_of_machines(tmp_path):

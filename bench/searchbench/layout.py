@@ -22,7 +22,7 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 SEARCHERS = ("gradient", "evolutionary")
 COMMITTED_RESULTS = Path(__file__).resolve().parents[1] / "results"
@@ -100,25 +100,36 @@ class Layout:
         its runs live apart from the default configuration's (``<budget>s-<config>``).
     measure : {"fixed", "adaptive", "handoff"}, default "fixed"
         How candidates are timed (``gradtune tune --measure``); runs not fixed live apart too.
+    warmup : {"model", "stake", "skip"}, default "model"
+        The task scheduler's warm-up (``gradtune tune --warmup``), both searchers' runs; runs
+        of another than a cold run's default live apart too (``<budget>s-warmup-<warmup>``).
     """
+
+    WARMUP_DEFAULT: ClassVar[str] = "model"  # ``gradtune tune``'s, for a cold run
 
     work: Path
     budget: float
     gradient_config: str = ""
     measure: str = "fixed"
+    warmup: str = "model"
 
     @property
     def root(self) -> Path:
         suffix = f"-{self.gradient_config}" if self.gradient_config else ""
         if self.measure != "fixed":
             suffix += f"-{self.measure}"
+        if self.warmup != self.WARMUP_DEFAULT:
+            suffix += f"-warmup-{self.warmup}"
         return self.work / f"{self.budget:g}s{suffix}"
 
     def child_args(self) -> list[str]:
         """The arguments that give a child process this layout."""
         config = ["--gradient-config", self.gradient_config] if self.gradient_config else []
         measure = ["--measure", self.measure] if self.measure != "fixed" else []
-        return ["--budget", f"{self.budget:g}", "--work", str(self.work), *config, *measure]
+        warmup = ["--warmup", self.warmup] if self.warmup != self.WARMUP_DEFAULT else []
+        return [
+            "--budget", f"{self.budget:g}", "--work", str(self.work), *config, *measure, *warmup
+        ]  # fmt: skip
 
     def gradient_kwargs(self) -> dict[str, Any]:
         """``GradientConfig`` keyword arguments of ``gradient_config`` (values as Python
@@ -221,14 +232,15 @@ class Layout:
         return self.result(spec).is_file()
 
     def adopt(self, spec: RunSpec) -> Path | None:
-        """Copy in the default configuration's finished ``spec`` (same budget and measurement)
-        if this layout is a gradient ablation and ``spec`` an evolutionary run this layout
-        lacks: an ablation changes only the gradient search, and tuning its peer again costs
-        a whole budget per run for another sample of the same thing. The copied run keeps its
-        commit in result.json. Returns where it came from, or None."""
+        """Copy in the default configuration's finished ``spec`` (same budget, measurement and
+        warm-up) if this layout is a gradient ablation and ``spec`` an evolutionary run this
+        layout lacks: an ablation changes only the gradient search, and tuning its peer again
+        costs a whole budget per run for another sample of the same thing. The copied run keeps
+        its commit in result.json. Returns where it came from, or None."""
         if not self.gradient_config or spec.searcher != "evolutionary" or self.finished(spec):
             return None
-        return self.copy_in(spec, Layout(self.work, self.budget, "", self.measure).run_dir(spec))
+        default = Layout(self.work, self.budget, "", self.measure, self.warmup)
+        return self.copy_in(spec, default.run_dir(spec))
 
     def copy_in(self, spec: RunSpec, source: Path) -> Path | None:
         """Copy the finished run at ``source`` in as this layout's ``spec``; returns

@@ -194,6 +194,7 @@ def run(spec: RunSpec, layout: Layout) -> dict[str, Any]:
             layout.gradient_kwargs() if spec.searcher == "gradient" else None,
             measure=layout.measure,
             cost_model=api.scheduler_cost_model(scheduler, target.kind.name, ensemble),
+            warmup=layout.warmup,
         )  # fmt: skip
     load_after = os.getloadavg()
     records = record_count(run_dir)

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 from searchbench.layout import Layout, RunSpec
 
@@ -52,6 +53,8 @@ class TransferLayout(Layout):
     makes only warm runs, and copies the untuned, full and transfer runs in from the
     default's (``adopt``), so that every warm start is weighed against the same cold runs."""
 
+    WARMUP_DEFAULT: ClassVar[str] = WARM_DEFAULT
+
     warmup: str = WARM_DEFAULT
     warm_from: str = FROM_DEFAULT
 
@@ -69,9 +72,8 @@ class TransferLayout(Layout):
         return self.work / f"{self.budget:g}s-transfer{suffix}"
 
     def child_args(self) -> list[str]:
-        warmup = ["--warmup", self.warmup] if self.warmup != WARM_DEFAULT else []
         warm_from = ["--warm-from", self.warm_from] if self.warm_from != FROM_DEFAULT else []
-        return [*super().child_args(), *warmup, *warm_from]
+        return [*super().child_args(), *warm_from]
 
     def mixed_config(self, specs: list[RunSpec], searches: tuple[str, ...]) -> str | None:
         """Also why the warm runs still to make would not be of the warm-up the layout's

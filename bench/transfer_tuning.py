@@ -27,12 +27,13 @@ interleaved timing and the archive are the search-efficiency benchmark's, bench/
     .venv/bin/python bench/transfer_tuning.py [--budget 300] [--repeats 3] [--models ...]
     nohup nice -n 19 .venv/bin/python bench/transfer_tuning.py > /tmp/transfer.log 2>&1 &
     .venv/bin/python bench/transfer_tuning.py --render       # re-analyse the saved runs
-    .venv/bin/python bench/transfer_tuning.py --warmup stake # warm runs' warm-up ablation
+    .venv/bin/python bench/transfer_tuning.py --warmup skip  # warm runs' warm-up ablation
 
 An ablation of the warm runs (``--warmup``, the task scheduler's warm-up, ``gradtune tune``'s
-default after a warm start being ``stake``; ``--warm-from all``, every source of the library
-together) makes only warm runs; its untuned, full and transfer runs are the default's, copied
-in once finished, so every warm start is weighed against the same cold runs.
+default after a warm start being ``stake``; ``--warm-from auto``, Eq. 1's source alone, where
+the default is every source together) makes only warm runs; its untuned, full and transfer
+runs are the default's, copied in once finished, so every warm start is weighed against the
+same cold runs.
 
 Interrupted (Ctrl-C, ``kill PID``), the same command resumes: finished runs are kept, a
 half-finished one is restarted. ``--archive DIR`` / ``--restore DIR`` carry finished runs
@@ -109,9 +110,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              "other kinds of run copied in from the default's",
     )  # fmt: skip
     parser.add_argument(
-        "--warm-from", default=FROM_DEFAULT, metavar="auto|all",
-        help="the warm runs' source (gradtune tune --from): Eq. 1's, or every source "
-             "together; all lives apart, in <budget>s-transfer-from-all, like --warmup",
+        "--warm-from", default=FROM_DEFAULT, metavar="all|auto",
+        help="the warm runs' source (gradtune tune --from): every source together, or "
+             f"Eq. 1's; another than {FROM_DEFAULT} lives apart, in "
+             "<budget>s-transfer-from-<source>, like --warmup",
     )  # fmt: skip
     args = parser.parse_args(argv)
     resolve_out(args, DEFAULT_WORK)

@@ -48,7 +48,7 @@ def tune_model(
     measure: str = "fixed",
     confirm: int = 0,
     library: str | None = None,
-    library_from: str = "auto",
+    library_from: str | None = None,
     transfer_only: bool = False,
     fast_math: bool = True,
     weight_prepack: bool = False,

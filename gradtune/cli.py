@@ -87,10 +87,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune.add_argument(
         "--from",
-        default="auto",
-        metavar="auto|all|NAME@ALIAS|DIR",
-        help="with --warm-start: the library's source (auto: the paper's Eq. 1; all: every "
-        "source's schedules together, each task's nearest in shape first)",
+        default=None,
+        metavar="all|auto|NAME@ALIAS|DIR",
+        help="with --warm-start: the library's source (all, the default: every source's "
+        "schedules together, each task's nearest in shape first; auto: the paper's Eq. 1)",
     )
     tune.add_argument(
         "--warmup",

@@ -64,10 +64,11 @@ class TuneJob:
     library : str | None, default None
         A schedule library (``transfer.library.load_library``'s SPEC): what ``tune
         --warm-start`` starts the search from, or what ``transfer`` transfers.
-    library_from : str, default "auto"
+    library_from : str | None, default None
         The library's source to transfer from: "auto" (Eq. 1), "all" (every source's
         schedules together), or a NAME@ALIAS or run directory, which is then the whole
-        library.
+        library. None: "all" for a warm start, "auto" for a transfer
+        (``transfer.run.source_choice``).
     transfer_only : bool, default False
         Transfer and search no further (``gradtune transfer``).
     fast_math : bool, default True
@@ -110,7 +111,7 @@ class TuneJob:
     measure: str = "fixed"
     confirm: int = 0
     library: str | None = None
-    library_from: str = "auto"
+    library_from: str | None = None
     transfer_only: bool = False
     fast_math: bool = True
     weight_prepack: bool = False
@@ -204,7 +205,7 @@ def validate(job: TuneJob) -> None:
         )
     if job.warmup is not None and job.warmup not in WARMUPS:
         raise GradtuneError(f"unknown --warmup {job.warmup!r}; choose one of {', '.join(WARMUPS)}")
-    if job.library_from != "auto" and job.library is None:
+    if job.library_from is not None and job.library is None:
         raise GradtuneError(
             f"--from {job.library_from} needs --warm-start: a library to take it from"
         )

@@ -441,7 +441,8 @@ def report_and_register_stage(
     params = {
         "model": job.model, "entry": job.entry, "framework": model.framework,
         "target": job.target, "search": "transfer" if job.transfer_only else job.search,
-        "measure": job.measure, "library": job.library, "library_from": job.library_from,
+        "measure": job.measure, "library": job.library,
+        "library_from": job.library_from or (source_choice(job) if job.library else None),
         **job.lowering_options(), "trials_budget": job.trials,
         "time_budget": job.time_budget, "tasks": len(tasks), "seed": job.seed,
         **{f"search_{k}": v for k, v in search_params.items()},

@@ -109,6 +109,14 @@ def test_all_sources_together_offer_every_schedule_of_the_models_classes():
     )
     chosen, lines = select_source(tasks, Library(sources[2:]), "t", ALL)
     assert chosen is None and "nothing to transfer" in lines[-1]
+    # Unasked, a warm start takes every source, a transfer Eq. 1's (the paper's method).
+    from gradtune.job import TuneJob
+    from gradtune.transfer.run import AUTO, source_choice
+
+    assert source_choice(TuneJob(model="m.onnx", library="runs")) == ALL
+    assert source_choice(TuneJob(model="m.onnx", library="runs", transfer_only=True)) == AUTO
+    assert source_choice(TuneJob(model="m.onnx", library="runs", library_from="auto")) == AUTO
+    assert source_choice(TuneJob(model="m.onnx", library="runs", library_from="a@b")) == AUTO
 
 
 def test_transfer_classes_join_compute_kernels_across_epilogues_only():

@@ -198,9 +198,12 @@ def test_a_warm_up_ablation_makes_only_warm_runs_against_the_default_layouts_col
     # A warm run from before runs recorded their warm-up ran skip: no stake run joins it.
     specs = [warm, RunSpec("m", WARM, 1)]
     assert "warm runs of warm-up skip, not stake" in default.mixed_config(specs, (FULL, WARM))
-    write_json(default.result(warm), {"run_id": warm.run_id, "searcher": WARM, "warmup": "stake"})
+    stake = {"run_id": warm.run_id, "searcher": WARM, "warmup": "stake"}
+    write_json(default.result(warm), stake | {"transfer": {"source": "/runs/a/db"}})
+    assert "warm runs from source auto, not all" in default.mixed_config(specs, (FULL, WARM))
+    write_json(default.result(warm), stake | {"transfer": {"source": "all"}})
     assert default.mixed_config(specs, (FULL, WARM)) is None
-    every = TransferLayout(tmp_path, 480, warm_from="all")
-    assert every.root == tmp_path / "480s-transfer-from-all"
-    assert every.child_args()[-2:] == ["--warm-from", "all"]
-    assert every.adopt(full) == default.run_dir(full) and not every.finished(warm)
+    eq1 = TransferLayout(tmp_path, 480, warm_from="auto")
+    assert eq1.root == tmp_path / "480s-transfer-from-auto"
+    assert eq1.child_args()[-2:] == ["--warm-from", "auto"]
+    assert eq1.adopt(full) == default.run_dir(full) and not eq1.finished(warm)

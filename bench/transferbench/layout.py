@@ -12,8 +12,8 @@ models, ``prepared/<model>.json``) and run machinery; its own runs live apart, u
                                                           runs of that gradient search
     work/<budget>s-transfer-warmup-<warmup>/              --warmup: warm runs with that
                                                           warm-up; the other kinds copied in
-    work/<budget>s-transfer-from-all/                     --warm-from all: likewise, warm
-                                                          runs from every source together
+    work/<budget>s-transfer-from-auto/                    --warm-from auto: likewise, warm
+                                                          runs from Eq. 1's source alone
 
 A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
@@ -39,7 +39,7 @@ FINAL = "100"  # the build label: the model as tuned by the whole budget
 
 
 WARM_DEFAULT = "stake"  # ``gradtune tune``'s warm-up after a warm start (``skip`` before bb2b638)
-FROM_DEFAULT = "auto"  # ``gradtune tune --from``: the source Eq. 1 ranks first
+FROM_DEFAULT = "all"  # ``gradtune tune --from`` with a warm start (``auto``, Eq. 1's, before)
 
 
 @dataclass(frozen=True)
@@ -76,17 +76,24 @@ class TransferLayout(Layout):
         return [*super().child_args(), *warm_from]
 
     def mixed_config(self, specs: list[RunSpec], searches: tuple[str, ...]) -> str | None:
-        """Also why the warm runs still to make would not be of the warm-up the layout's
-        finished ones ran (a run without a record of it ran ``skip``, before 157689f)."""
+        """Also why the warm runs still to make would not be of the warm-up and source the
+        layout's finished ones ran (a run without a record of its warm-up ran ``skip``,
+        before 157689f; one whose transfer names a source other than ``all`` took Eq. 1's)."""
         if moved := super().mixed_config(specs, searches):
             return moved
         pending = {s.model for s in specs if s.searcher == WARM and not self.finished(s)}
         for model in sorted(pending):
             for result in self.results(model):
+                if result.get("searcher") != WARM:
+                    continue
+                where = f"{self.root} holds {model} warm runs"
                 ran = result.get("warmup", "skip")
-                if result.get("searcher") == WARM and ran != self.warmup:
-                    where = f"{self.root} holds {model} warm runs"
+                if ran != self.warmup:
                     return f"{where} of warm-up {ran}, not {self.warmup}"
+                source = (result.get("transfer") or {}).get("source")
+                took = "all" if source == "all" else "auto"
+                if source and took != self.warm_from:
+                    return f"{where} from source {took}, not {self.warm_from}"
         return None
 
     def adopt(self, spec: RunSpec) -> Path | None:

@@ -57,12 +57,19 @@ class TransferStats:
 def library_spec(job: Any) -> str:
     """The SPEC a job reads its library from: ``--from`` when it names a source, which is
     then the whole library; ``--library`` / ``--warm-start`` otherwise."""
-    return job.library if job.library_from in (AUTO, ALL) else job.library_from
+    return job.library if job.library_from in (None, AUTO, ALL) else job.library_from
 
 
 def source_choice(job: Any) -> str:
-    """What ``select_source`` chooses by for a job: ``all`` sources or Eq. 1 (``auto``,
-    also over a library of the one source ``--from`` named)."""
+    """What ``select_source`` chooses by for a job: ``all`` sources or Eq. 1 (``auto``, also
+    over a library of the one source ``--from`` named). Unasked, a warm start takes every
+    source and a transfer Eq. 1's, the paper's method. On a 2-core Zen 2 (one run per model,
+    ``bench/results/transfer_tuning_znver2_from_all.md``) warm starts from every source
+    reached cold tuning's final estimate 3.68x sooner (geomean of 5 models), from Eq. 1's
+    1.56x; their transfer measured more candidates (48-59 s of 480 against 7-25 s), which a
+    search's budget affords and a transfer's few seconds were chosen not to spend."""
+    if job.library_from is None:
+        return AUTO if job.transfer_only else ALL
     return ALL if job.library_from == ALL else AUTO
 
 

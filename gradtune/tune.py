@@ -93,18 +93,16 @@ def start_warmup(
     (geomean), against 1.56x with ``stake``."""
     if warmup not in WARMUPS:
         raise ValueError(f"unknown warm-up {warmup!r}")
-    measured = {
-        i: best_us[task.name] / 1e3
-        for i, task in enumerate(tasks)
-        if math.isfinite(best_us.get(task.name, math.inf))
-    }
+    # A measured task's share of the model's estimated latency; the others have none.
+    shares = latency_shares(tasks, best_us)
     if warmup == "stake":
-        scheduler.order_warmup({i: float(tasks[i].weight) * t for i, t in measured.items()})
+        scheduler.order_warmup({i: shares[t.name] for i, t in enumerate(tasks) if t.name in shares})
     if warmup != "skip":
         return []
-    for i, best_ms in measured.items():
-        scheduler.seed(i, best_ms)
-    return [tasks[i].name for i in measured]
+    for i, task in enumerate(tasks):
+        if task.name in shares:
+            scheduler.seed(i, best_us[task.name] / 1e3)
+    return [task.name for task in tasks if task.name in shares]
 
 
 def run_database(work_dir: Path):

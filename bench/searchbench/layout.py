@@ -114,13 +114,18 @@ class Layout:
     warmup: str = "model"
 
     @property
-    def root(self) -> Path:
+    def suffix(self) -> str:
+        """What sets this configuration's directory apart from the default's."""
         suffix = f"-{self.gradient_config}" if self.gradient_config else ""
         if self.measure != "fixed":
             suffix += f"-{self.measure}"
         if self.warmup != self.WARMUP_DEFAULT:
             suffix += f"-warmup-{self.warmup}"
-        return self.work / f"{self.budget:g}s{suffix}"
+        return suffix
+
+    @property
+    def root(self) -> Path:
+        return self.work / f"{self.budget:g}s{self.suffix}"
 
     def child_args(self) -> list[str]:
         """The arguments that give a child process this layout."""

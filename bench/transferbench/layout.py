@@ -64,12 +64,8 @@ class TransferLayout(Layout):
 
     @property
     def root(self) -> Path:
-        suffix = f"-{self.gradient_config}" if self.gradient_config else ""
-        if self.warmup != WARM_DEFAULT:
-            suffix += f"-warmup-{self.warmup}"
-        if self.warm_from != FROM_DEFAULT:
-            suffix += f"-from-{self.warm_from}"
-        return self.work / f"{self.budget:g}s-transfer{suffix}"
+        warm_from = f"-from-{self.warm_from}" if self.warm_from != FROM_DEFAULT else ""
+        return self.work / f"{self.budget:g}s-transfer{self.suffix}{warm_from}"
 
     def child_args(self) -> list[str]:
         warm_from = ["--warm-from", self.warm_from] if self.warm_from != FROM_DEFAULT else []

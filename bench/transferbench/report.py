@@ -65,7 +65,8 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
         for name, m in data["models"].items()
         if m.get("warmup_skipped")
     ]
-    if skipped and data.get("warm_warmup") == "skip":  # no other warm-up skips a batch
+    # No other warm-up skips a batch; results from before the field ran skip.
+    if skipped and data.get("warm_warmup", "skip") == "skip":
         lines += [
             "",
             "Tasks whose warm-up batch a warm start skipped (every one with a working program, "

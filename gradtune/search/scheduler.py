@@ -147,9 +147,9 @@ class GradientTaskScheduler(ms.task_scheduler.PyTaskScheduler):
         self.history[task_id] = [best_ms]
 
     def order_warmup(self, stakes: dict[int, float]) -> None:
-        """Visit the warm-up's tasks the most at stake first (``stakes``: per task, weight ×
-        best measured ms). A task without a stake (nothing of it ran) goes first: it may be
-        the largest, and only a batch can tell."""
+        """Visit the warm-up's tasks the most at stake first (``stakes``: per task, its share of
+        the model's latency, weight × best measured). A task without a stake (nothing of it
+        ran) goes first: it may be the largest, and only a batch can tell."""
         self.stakes = dict(stakes)
 
     def warmup_line(self, n_tasks: int) -> list[int]:

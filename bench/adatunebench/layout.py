@@ -80,7 +80,8 @@ class AdaLayout(Layout):
 
 
 def layout_of(work: Path, budget: float, config: str) -> AdaLayout:
-    return AdaLayout(work, budget, CONFIGS[config].gradient, CONFIGS[config].measure, config)
+    # By keyword: ``Layout`` grows fields (``warmup``) that a positional ``config`` would fill.
+    return AdaLayout(work, budget, CONFIGS[config].gradient, CONFIGS[config].measure, config=config)
 
 
 def plan(models: list[str], repeats: int, configs: list[str]) -> list[tuple[str, RunSpec]]:

@@ -60,6 +60,18 @@ def test_warm_ratio_is_time_to_cold_final_latency_and_bounds_a_warm_start_that_n
     assert entry["bound"] and entry["ratio"] == pytest.approx(90 / 120)
 
 
+def test_warm_lead_is_cold_over_warm_estimate_at_shares_of_the_budget():
+    from transferbench.analysis import warm_ratio
+
+    cold = {"rounds": _rounds((40, 900), (70, 600), (90, 500)), "final_estimated_us": 500.0}
+    warm = {"rounds": _rounds((35, 300), (80, 450), (100, 280))}
+    entry = warm_ratio(cold, warm, budget=120)
+    # At 30 s neither had an estimate; at 60 s 900 against 300; at 90 s 500 against the best
+    # so far, 300 (a later batch's worse estimate does not count).
+    lead = {"0.25": None, "0.5": pytest.approx(3.0), "0.75": pytest.approx(500 / 300)}
+    assert entry["lead"] == lead
+
+
 def test_share_of_full_speedup_is_the_share_of_the_gain_and_none_within_noise(tmp_path):
     import json
 

@@ -14,7 +14,9 @@
     latency is its best estimated latency (Σ weight × best measured µs per task) by B; the
     time cold took to first reach it over the time the warm start took (its transfer
     included). A warm start that never reached it within B gives an upper bound
-    t_cold / B, marked; the model's ratio is the median over repeats.
+    t_cold / B, marked; the model's ratio is the median over repeats. Beside it, the
+    warm start's lead along the way (``warm_lead``): cold / warm best estimate at ¼, ½ and
+    ¾ of B, since a warm start ahead all along can still reach cold's last percent late.
 """
 
 from __future__ import annotations
@@ -25,11 +27,13 @@ import statistics
 from typing import Any
 
 from searchbench.layout import RunSpec
+from searchbench.run import estimate_by
 from searchbench.timing import passes_of
 
 from transferbench.layout import FINAL, FULL, TRANSFER, UNTUNED, WARM, TransferLayout
 
 NOISE = 0.02  # end-to-end differences below 2% are within a shared machine's timing noise
+LEAD_AT = (0.25, 0.5, 0.75)  # shares of B at which the warm start's lead is reported
 
 
 def first_reached(rounds: list[dict[str, Any]], target_us: float, horizon: float) -> float | None:
@@ -42,12 +46,28 @@ def first_reached(rounds: list[dict[str, Any]], target_us: float, horizon: float
     return None
 
 
+def warm_lead(cold: dict[str, Any], warm: dict[str, Any], budget: float) -> dict[str, Any]:
+    """Cold / warm best estimated latency at each share of ``budget`` in ``LEAD_AT`` (keyed
+    by the share); None where either run had no estimate yet."""
+    lead = {}
+    for share in LEAD_AT:
+        c, w = (estimate_by(r["rounds"], share * budget) for r in (cold, warm))
+        lead[f"{share:g}"] = c / w if c and w else None
+    return lead
+
+
 def warm_ratio(cold: dict[str, Any], warm: dict[str, Any], budget: float) -> dict[str, Any]:
-    """t_cold / t_warm to cold's final estimated latency; ``bound`` when warm never got there."""
+    """t_cold / t_warm to cold's final estimated latency; ``bound`` when warm never got there.
+    ``lead``: ``warm_lead``."""
     target = cold["final_estimated_us"]
     t_cold = first_reached(cold["rounds"], target, budget)
     t_warm = first_reached(warm["rounds"], target, budget)
-    entry = {"cold_final_us": target, "t_cold_s": t_cold, "t_warm_s": t_warm}
+    entry = {
+        "cold_final_us": target,
+        "t_cold_s": t_cold,
+        "t_warm_s": t_warm,
+        "lead": warm_lead(cold, warm, budget),
+    }
     if t_cold is None:  # cold never improved on its defaults: nothing to reach
         return entry | {"ratio": None, "bound": False}
     if t_warm is None:
@@ -105,6 +125,10 @@ def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
         "warm_start_t_ratio": _median(ratios),
         "warm_start_bound": any(p["bound"] for p in per_repeat.values()),
         "warm_start_per_repeat": per_repeat,
+        "warm_lead": {
+            share: _median([x for p in per_repeat.values() if (x := p["lead"][share]) is not None])
+            for share in (f"{q:g}" for q in LEAD_AT)
+        },
         # Per warm repeat: how many of the model's tasks skipped the warm-up, of how many
         # (runs made before the task scheduler skipped any do not say).
         "warmup_skipped": {

@@ -60,6 +60,17 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
             f"| {_fmt(m['fraction_of_full_speedup'], '.0%')} | {_fmt(m['time_ratio'], '.1f', '×')} "
             f"| {ratio} | {Path(source).parent.parent.name if '/' in source else source} |"
         )
+    leads = [
+        f"{name} " + " / ".join(_fmt(v, ".2f", "×") for v in m["warm_lead"].values())
+        for name, m in data["models"].items()
+        if any(v is not None for v in m.get("warm_lead", {}).values())
+    ]
+    if leads:
+        lines += [
+            "",
+            "The warm start's lead along the way, cold / warm best estimated latency at ¼ / ½ / ¾ "
+            "of B (median over repeats): " + "; ".join(leads) + ".",
+        ]
     skipped = [
         f"{name} " + ", ".join(f"r{r} {k}/{n}" for r, (k, n) in sorted(m["warmup_skipped"].items()))
         for name, m in data["models"].items()

@@ -95,14 +95,14 @@ def start_warmup(
         raise ValueError(f"unknown warm-up {warmup!r}")
     # A measured task's share of the model's estimated latency; the others have none.
     shares = latency_shares(tasks, best_us)
+    measured = [(i, task) for i, task in enumerate(tasks) if task.name in shares]
     if warmup == "stake":
-        scheduler.order_warmup({i: shares[t.name] for i, t in enumerate(tasks) if t.name in shares})
+        scheduler.order_warmup({i: shares[task.name] for i, task in measured})
     if warmup != "skip":
         return []
-    for i, task in enumerate(tasks):
-        if task.name in shares:
-            scheduler.seed(i, best_us[task.name] / 1e3)
-    return [task.name for task in tasks if task.name in shares]
+    for i, task in measured:
+        scheduler.seed(i, best_us[task.name] / 1e3)
+    return [task.name for _, task in measured]
 
 
 def run_database(work_dir: Path):

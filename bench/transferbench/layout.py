@@ -32,6 +32,8 @@ from typing import ClassVar
 
 from searchbench.layout import Layout, RunSpec
 
+from gradtune.transfer.run import ALL, AUTO
+
 UNTUNED, FULL, TRANSFER, WARM = "untuned", "full", "transfer", "warm"
 KINDS = (UNTUNED, FULL, TRANSFER, WARM)
 LIBRARY_REPEAT = 0  # the full run of each model that the others' library holds
@@ -87,7 +89,7 @@ class TransferLayout(Layout):
                 if ran != self.warmup:
                     return f"{where} of warm-up {ran}, not {self.warmup}"
                 source = (result.get("transfer") or {}).get("source")
-                took = "all" if source == "all" else "auto"
+                took = ALL if source == ALL else AUTO
                 if source and took != self.warm_from:
                     return f"{where} from source {took}, not {self.warm_from}"
         return None

@@ -63,7 +63,7 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
     leads = [
         f"{name} " + " / ".join(_fmt(v, ".2f", "×") for v in m["warm_lead"].values())
         for name, m in data["models"].items()
-        if any(v is not None for v in m.get("warm_lead", {}).values())
+        if any(v is not None for v in m["warm_lead"].values())
     ]
     if leads:
         lines += [

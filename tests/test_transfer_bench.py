@@ -219,3 +219,16 @@ def test_a_warm_up_ablation_makes_only_warm_runs_against_the_default_layouts_col
     assert eq1.root == tmp_path / "480s-transfer-from-auto"
     assert eq1.child_args()[-2:] == ["--warm-from", "auto"]
     assert eq1.adopt(full) == default.run_dir(full) and not eq1.finished(warm)
+
+
+def test_the_median_ratio_is_a_bound_only_where_a_never_reached_repeat_can_move_it():
+    from transferbench.analysis import median_ratio
+
+    def repeats(*entries):
+        return {i: {"ratio": r, "bound": b} for i, (r, b) in enumerate(entries)}
+
+    # Below the other two, the never-reached repeat cannot move the middle one.
+    assert median_ratio(repeats((0.99, True), (1.45, False), (8.07, False))) == (1.45, False)
+    assert median_ratio(repeats((0.99, True), (1.45, False))) == (pytest.approx(1.22), True)
+    assert median_ratio(repeats((0.99, True))) == (0.99, True)
+    assert median_ratio(repeats((None, False))) == (None, False)

@@ -79,6 +79,21 @@ def _median(values: list[float]) -> float | None:
     return statistics.median(values) if values else None
 
 
+def median_ratio(per_repeat: dict[Any, dict[str, Any]]) -> tuple[float | None, bool]:
+    """The median over repeats of ``warm_ratio``'s ratios, and whether that median is a bound.
+
+    A repeat whose warm start never reached cold's final has only a ceiling for its ratio
+    (t_cold / B); the median is exact when it stays put wherever below its ceiling that
+    ratio truly lies (one never-reached run of three, below the other two, leaves the middle
+    one the median)."""
+    entries = [(p["ratio"], p["bound"]) for p in per_repeat.values() if p["ratio"] is not None]
+    if not entries:
+        return None, False
+    high = statistics.median(ratio for ratio, _ in entries)
+    low = statistics.median(0.0 if bound else ratio for ratio, bound in entries)
+    return high, low != high
+
+
 def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
     """Every metric of one model from its finished runs (None where a run is missing)."""
     results = {r["run_id"]: r for r in layout.results(model)}
@@ -116,14 +131,14 @@ def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
         for w in runs(WARM)
         if w["repeat"] in colds
     }
-    ratios = [p["ratio"] for p in per_repeat.values() if p["ratio"] is not None]
+    ratio, bound = median_ratio(per_repeat)
     source = transfer_runs[0]["transfer"] if transfer_runs else None
     return {
         "ms": {"untuned": untuned, "full": full, "transfer": transfer, "warm": warm},
         "fraction_of_full_speedup": fraction,
         "time_ratio": time_ratio,
-        "warm_start_t_ratio": _median(ratios),
-        "warm_start_bound": any(p["bound"] for p in per_repeat.values()),
+        "warm_start_t_ratio": ratio,
+        "warm_start_bound": bound,
         "warm_start_per_repeat": per_repeat,
         "warm_lead": {
             share: _median([x for p in per_repeat.values() if (x := p["lead"][share]) is not None])

@@ -51,8 +51,12 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
     for name, m in data["models"].items():
         ms = m["ms"]
         ratio = _fmt(m["warm_start_t_ratio"], ".2f", "×")
+        repeats = m.get("warm_start_per_repeat") or {}
+        never = sum(p["bound"] for p in repeats.values())
         if m["warm_start_bound"] and m["warm_start_t_ratio"] is not None:
-            ratio += " (bound: a warm start never reached it)"
+            ratio += f" (bound: {never} of {len(repeats)} warm starts never reached it)"
+        elif never:
+            ratio += f" ({never} of {len(repeats)} warm starts never reached it, below the median)"
         source = (m["transfer"] or {}).get("source") or "–"
         lines.append(
             f"| {name} | {_fmt(ms['untuned'], '.3f')} | {_fmt(ms['full'], '.3f')} "

@@ -51,7 +51,7 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
     for name, m in data["models"].items():
         ms = m["ms"]
         ratio = _fmt(m["warm_start_t_ratio"], ".2f", "×")
-        repeats = m.get("warm_start_per_repeat") or {}
+        repeats = m["warm_start_per_repeat"]
         never = sum(p["bound"] for p in repeats.values())
         if m["warm_start_bound"] and m["warm_start_t_ratio"] is not None:
             ratio += f" (bound: {never} of {len(repeats)} warm starts never reached it)"

@@ -28,10 +28,12 @@ interleaved timing and the archive are the search-efficiency benchmark's, bench/
     nohup nice -n 19 .venv/bin/python bench/transfer_tuning.py > /tmp/transfer.log 2>&1 &
     .venv/bin/python bench/transfer_tuning.py --render       # re-analyse the saved runs
     .venv/bin/python bench/transfer_tuning.py --warmup skip  # warm runs' warm-up ablation
+    .venv/bin/python bench/transfer_tuning.py --warm-config warmup_by_share=True
 
 An ablation of the warm runs (``--warmup``, the task scheduler's warm-up, ``gradtune tune``'s
 default after a warm start being ``stake``; ``--warm-from auto``, Eq. 1's source alone, where
-the default is every source together) makes only warm runs; its untuned, full and transfer
+the default is every source together; ``--warm-config``, GradientConfig fields of the warm
+runs' search alone) makes only warm runs; its untuned, full and transfer
 runs are the default's, copied in once finished, so every warm start is weighed against the
 same cold runs.
 
@@ -115,6 +117,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
              f"Eq. 1's; another than {FROM_DEFAULT} lives apart, in "
              "<budget>s-transfer-from-<source>, like --warmup",
     )  # fmt: skip
+    parser.add_argument(
+        "--warm-config", default="", metavar="K=V,...",
+        help="GradientConfig fields for the warm runs' search alone (warmup_by_share=True); "
+             "they live apart, in <budget>s-transfer-warm-<config>, like --warmup",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     resolve_out(args, DEFAULT_WORK)
     return args
@@ -172,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
         args.gradient_config,
         warmup=args.warmup,
         warm_from=args.warm_from,
+        warm_config=args.warm_config,
     )
     if problem := layout.config_problem():
         print(f"transfer_tuning: {problem}", file=sys.stderr)
@@ -201,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     specs = plan(models, args.repeats)
     mixed = None if args.render else layout.mixed_config(specs, (FULL, WARM))
     if mixed:
-        hint = "name it with --gradient-config or --warmup, or use another --work"
+        hint = "name it with --gradient-config, --warm-config or --warmup, or use another --work"
         print(f"transfer_tuning: {mixed}; {hint}", file=sys.stderr)
         return 2
     completed = True

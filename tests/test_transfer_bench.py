@@ -20,6 +20,7 @@ pytestmark = pytest.mark.usefixtures("bench_on_path")
         (["--gradient-config", "no_such_field=1"], "GradientConfig has no field no_such_field"),
         (["--warmup", "random"], "unknown --warmup 'random'; choose one of model"),
         (["--warm-from", "best"], "unknown --warm-from 'best'; choose auto or all"),
+        (["--warm-config", "no_such_field=1"], "--warm-config: GradientConfig has no field"),
     ],
 )
 def test_bad_input_is_one_line_before_anything_starts(tmp_path, args, says):
@@ -219,6 +220,33 @@ def test_a_warm_up_ablation_makes_only_warm_runs_against_the_default_layouts_col
     assert eq1.root == tmp_path / "480s-transfer-from-auto"
     assert eq1.child_args()[-2:] == ["--warm-from", "auto"]
     assert eq1.adopt(full) == default.run_dir(full) and not eq1.finished(warm)
+
+
+def test_a_warm_search_ablation_changes_only_the_warm_runs_configuration(tmp_path):
+    """``--warm-config`` gives the warm runs' search its fields over ``--gradient-config``,
+    leaves the full runs' as they are (copied in from the default layout), lives apart, and
+    refuses to add warm runs to ones made with another warm configuration."""
+    from searchbench.layout import RunSpec, write_json
+    from transferbench.layout import FULL, WARM, TransferLayout
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    default = TransferLayout(tmp_path, 480, "steps=32")
+    share = TransferLayout(tmp_path, 480, "steps=32", warm_config="warmup_by_share=True")
+    assert share.root == tmp_path / "480s-transfer-steps=32-warm-warmup_by_share=True"
+    assert share.child_args()[-2:] == ["--warm-config", "warmup_by_share=True"]
+    assert share.kwargs_of(WARM) == {"steps": 32, "warmup_by_share": True}
+    assert share.kwargs_of(FULL) == default.kwargs_of(WARM) == {"steps": 32}
+    full, warm = RunSpec("m", FULL, 0), RunSpec("m", WARM, 0)
+    cold = {"run_id": full.run_id, "searcher": FULL}
+    write_json(default.result(full), cold | {"gradient_config_effective": share.effective_of(FULL)})
+    assert share.adopt(full) == default.run_dir(full), "the same cold runs"
+    specs = [full, warm, RunSpec("m", WARM, 1)]
+    assert share.mixed_config(specs, (FULL, WARM)) is None
+    plain = GradientConfig(steps=32).as_json()
+    write_json(share.result(warm), {"run_id": warm.run_id, "searcher": WARM, "warmup": "stake"}
+               | {"gradient_config_effective": plain})  # fmt: skip
+    assert "warmup_by_share" in share.mixed_config(specs, (FULL, WARM))
 
 
 def test_the_median_ratio_is_a_bound_only_where_a_never_reached_repeat_can_move_it():

@@ -176,6 +176,7 @@ def gather(layout: TransferLayout, specs: list[RunSpec], models: list[str]) -> d
         "budget_s": layout.budget,
         "warm_warmup": layout.warmup,  # the warm runs' task-scheduler warm-up
         "warm_from": layout.warm_from,  # and the library's source they transfer from
+        "warm_config": layout.warm_config,  # and their search's GradientConfig over the full's
     }
 
 

@@ -14,6 +14,8 @@ models, ``prepared/<model>.json``) and run machinery; its own runs live apart, u
                                                           warm-up; the other kinds copied in
     work/<budget>s-transfer-from-auto/                    --warm-from auto: likewise, warm
                                                           runs from Eq. 1's source alone
+    work/<budget>s-transfer-warm-<config>/                --warm-config: likewise, warm runs
+                                                          whose gradient search has <config>
 
 A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
@@ -26,11 +28,11 @@ A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
-from searchbench.layout import Layout, RunSpec
+from searchbench.layout import Layout, RunSpec, config_moved
 
 from gradtune.transfer.run import ALL, AUTO
 
@@ -53,25 +55,64 @@ class TransferLayout(Layout):
     ``warm_from``: the library's source they transfer from (``gradtune tune --from``, "auto"
     or "all"). Another than tune's default is an ablation of the warm start alone: its layout
     makes only warm runs, and copies the untuned, full and transfer runs in from the
-    default's (``adopt``), so that every warm start is weighed against the same cold runs."""
+    default's (``adopt``), so that every warm start is weighed against the same cold runs.
+    ``warm_config``: ``GradientConfig`` fields for the warm runs' search alone, over
+    ``gradient_config`` (a lever that only a warm start has a use for, such as
+    ``warmup_by_share``, whose shares are then the transferred programs'); likewise an
+    ablation of the warm start."""
 
     WARMUP_DEFAULT: ClassVar[str] = WARM_DEFAULT
 
     warmup: str = WARM_DEFAULT
     warm_from: str = FROM_DEFAULT
+    warm_config: str = ""
 
     @property
     def warm_ablation(self) -> bool:
-        return (self.warmup, self.warm_from) != (WARM_DEFAULT, FROM_DEFAULT)
+        default = (WARM_DEFAULT, FROM_DEFAULT, "")
+        return (self.warmup, self.warm_from, self.warm_config) != default
 
     @property
     def root(self) -> Path:
         warm_from = f"-from-{self.warm_from}" if self.warm_from != FROM_DEFAULT else ""
-        return self.work / f"{self.budget:g}s-transfer{self.suffix}{warm_from}"
+        warm_config = f"-warm-{self.warm_config}" if self.warm_config else ""
+        return self.work / f"{self.budget:g}s-transfer{self.suffix}{warm_from}{warm_config}"
 
     def child_args(self) -> list[str]:
         warm_from = ["--warm-from", self.warm_from] if self.warm_from != FROM_DEFAULT else []
-        return [*super().child_args(), *warm_from]
+        warm_config = ["--warm-config", self.warm_config] if self.warm_config else []
+        return [*super().child_args(), *warm_from, *warm_config]
+
+    def warm_kwargs(self) -> dict[str, Any]:
+        """``GradientConfig`` keyword arguments of the warm runs: ``warm_config`` over
+        ``gradient_config``."""
+        warm = replace(self, gradient_config=self.warm_config, warm_config="")
+        return {**self.gradient_kwargs(), **Layout.gradient_kwargs(warm)}
+
+    def kwargs_of(self, kind: str) -> dict[str, Any]:
+        """The ``GradientConfig`` keyword arguments a run of ``kind`` searches with."""
+        return self.warm_kwargs() if kind == WARM else self.gradient_kwargs()
+
+    def effective_of(self, kind: str) -> dict[str, Any]:
+        """Every ``GradientConfig`` field a run of ``kind`` searches with."""
+        from gradtune.search.gradient_search import GradientConfig
+
+        return GradientConfig(**self.kwargs_of(kind)).as_json()
+
+    def config_problem(self) -> str | None:
+        if problem := super().config_problem():
+            return problem
+        from gradtune.search.gradient_search import GradientConfig
+
+        unknown = sorted(set(self.warm_kwargs()) - set(GradientConfig._fields))
+        if unknown:
+            return f"--warm-config: GradientConfig has no field {', '.join(unknown)}"
+        return None
+
+    def config_moved(self, result: dict[str, Any]) -> str | None:
+        """As ``Layout.config_moved``, a warm run against the warm runs' configuration."""
+        kind = WARM if result.get("searcher") == WARM else FULL
+        return config_moved(result.get("gradient_config_effective"), self.effective_of(kind))
 
     def mixed_config(self, specs: list[RunSpec], searches: tuple[str, ...]) -> str | None:
         """Also why the warm runs still to make would not be of the warm-up and source the

@@ -33,8 +33,9 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
         f"{data['runs']['finished']} of {data['runs']['planned']}; full and warm runs per "
         f"model: {'/'.join(map(str, repeats)) or '–'}; warm runs' warm-up "
         f"`{data.get('warm_warmup', 'skip')}` (`gradtune tune --warmup`), source "
-        f"`{data.get('warm_from', 'auto')}` (`--from`); rendered at "
-        f"{git_commit()}.",
+        f"`{data.get('warm_from', 'auto')}` (`--from`)"
+        + (f", search `{data['warm_config']}`" if data.get("warm_config") else "")
+        + f"; rendered at {git_commit()}.",
         commits_line(data),
     ]
     if host is not None:

@@ -110,7 +110,7 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
             tuned = searchrun.tune_until_deadline(
                 RunSpec(spec.model, "gradient", spec.repeat), tasks, target, tracker,
                 layout.budget if search else TRANSFER_BUDGET, run_dir, weights,
-                gradient=layout.gradient_kwargs(), warm_start=hook, search=search,
+                gradient=layout.kwargs_of(spec.searcher), warm_start=hook, search=search,
                 warmup=layout.warmup if spec.searcher == WARM else None,
             )  # fmt: skip
         if not search:
@@ -149,7 +149,7 @@ def run(spec: RunSpec, layout: TransferLayout) -> dict[str, Any]:
         "cost_model": str(weights) if spec.searcher in (FULL, WARM) else None,
         # The whole configuration, not only the overrides: defaults move between commits.
         "gradient_config_effective": (
-            layout.gradient_effective() if spec.searcher in (FULL, WARM) else None
+            layout.effective_of(spec.searcher) if spec.searcher in (FULL, WARM) else None
         ),
         "library": [str(d) for d in library],
         "transfer": hook.stats() if hook else None,

@@ -119,7 +119,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )  # fmt: skip
     parser.add_argument(
         "--warm-config", default="", metavar="K=V,...",
-        help="GradientConfig fields for the warm runs' search alone (warmup_by_share=True); "
+        help="GradientConfig fields for the warm runs' search alone (warm_warmup=8); "
              "they live apart, in <budget>s-transfer-warm-<config>, like --warmup",
     )  # fmt: skip
     args = parser.parse_args(argv)

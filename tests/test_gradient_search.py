@@ -505,28 +505,59 @@ def test_random_warmup_draws_a_fresh_tasks_first_explore_share_without_evolving(
     search.post_tuning()
 
 
+def database_of_spaces(task, target, spaces):
+    """A database holding each of ``spaces`` as a measured program of ``task`` (1, 2, ... ms),
+    as a warm start's transfer or a resumed run leaves it."""
+    import tvm
+    from tvm.s_tir import meta_schedule as ms
+
+    database = ms.database.MemoryDatabase()
+    workload = database.commit_workload(task.mod)
+    args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+    for i, space in enumerate(spaces):
+        sch = tvm.s_tir.Schedule(task.mod)
+        space.trace.apply_to_schedule(sch, remove_postproc=False)
+        record = ms.database.TuningRecord(sch.trace, workload, [1e-3 * (i + 1)], target, args)
+        database.commit_tuning_record(record)
+    return database
+
+
+def test_warm_warmup_shortens_the_first_batch_only_of_a_task_with_measured_programs(
+    llvm_target, small_cnn_conv
+):
+    """``warm_warmup``: a task the database held programs of gets that many candidates first,
+    then whole batches; a task it held none of keeps a whole first batch."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    config = GradientConfig(seeds=4, steps=4, evolutionary_explore=False, warm_warmup=3,
+                            build_at_first_batch=False)  # fmt: skip
+    search, _, context = search_on(small_cnn_conv, llvm_target, config)
+    spaces = context.generate_design_space()
+    database = database_of_spaces(small_cnn_conv, llvm_target, spaces)
+    search.pre_tuning(64, 8, spaces, database, ms.cost_model.XGBModel())
+    assert len(search.generate_measure_candidates()) == 3
+    assert len(search.generate_measure_candidates()) == 8
+    search, _, context = search_on(small_cnn_conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space())
+    assert len(search.generate_measure_candidates()) == 8
+
+
 def test_random_warmup_holds_when_the_database_already_has_programs_of_the_task(
     llvm_target, small_cnn_conv
 ):
     """A warm start (or a resumed run) puts programs of the task in the database before its
     first batch. The descent seeds from them; the explore share is still random draws, not
     an evolution that XGBoost could only score at random."""
-    import tvm
     from tvm.s_tir import meta_schedule as ms
 
     from gradtune.search.gradient_search import GradientConfig
 
     config = GradientConfig(seeds=4, steps=4, explorer_population=64, build_at_first_batch=False)
     search, session, context = search_on(small_cnn_conv, llvm_target, config)
-    database = ms.database.MemoryDatabase()
     spaces = context.generate_design_space()
-    workload = database.commit_workload(small_cnn_conv.mod)
-    for i, space in enumerate(spaces):
-        sch = tvm.s_tir.Schedule(small_cnn_conv.mod)
-        space.trace.apply_to_schedule(sch, remove_postproc=False)
-        args = ms.arg_info.ArgInfo.from_prim_func(small_cnn_conv.mod["main"])
-        record = ms.database.TuningRecord(sch.trace, workload, [1e-3 * (i + 1)], llvm_target, args)
-        database.commit_tuning_record(record)
+    database = database_of_spaces(small_cnn_conv, llvm_target, spaces)
     search.pre_tuning(64, 8, spaces, database, ms.cost_model.XGBModel())
     assert search.history, "the database's programs were read as measured"
     search.explorer = spy = _ExplorerSpy(search.explorer)

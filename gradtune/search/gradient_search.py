@@ -171,6 +171,12 @@ class GradientConfig(NamedTuple):
         Candidates in a task's first batch, when fewer than the task scheduler's batch: every
         task gets its first batch before any gets a second, so a model of many tasks waits
         long for its first results. None sends the full batch.
+    warm_warmup : int or None, default None
+        Candidates in the first batch of a task whose database already held measured programs
+        of it when the run began (a warm start's transferred schedules, a resumed run's), when
+        fewer than ``warmup`` and the batch: such a task's descent starts from those programs
+        and its cost model has learnt them, so the task scheduler's warm-up, which gives every
+        task a batch before the gradient policy picks, can spend less on it.
     build_at_first_batch : bool, default True
         Build a task's symbolic sketches (and its explorer) when it is first asked for a
         batch, not in ``pre_tuning``, which MetaSchedule calls for every task before the first
@@ -216,6 +222,7 @@ class GradientConfig(NamedTuple):
     contextual_explore: bool = False
     explore_bounds: tuple[float, float] = (0.05, 0.5)
     warmup: int | None = None
+    warm_warmup: int | None = None
     build_at_first_batch: bool = True
     warmup_by_share: bool = False
     structural_variants: int = 3
@@ -430,10 +437,12 @@ class GradientSearch(ReportingStrategy):
 
     def _first_batch(self, count: int) -> int:
         """How many of ``count`` candidates the task's first batch gets (``warmup``,
-        ``warmup_by_share``)."""
+        ``warm_warmup``, ``warmup_by_share``)."""
         cfg = self.config
         if cfg.warmup is not None:
             count = min(count, cfg.warmup)
+        if cfg.warm_warmup is not None and self.history:  # the database's programs
+            count = min(count, cfg.warm_warmup)
         shares = self.session.latency_shares
         share = shares.get(str(self.context.task_name))
         if cfg.warmup_by_share and share is not None:

@@ -28,7 +28,7 @@ interleaved timing and the archive are the search-efficiency benchmark's, bench/
     nohup nice -n 19 .venv/bin/python bench/transfer_tuning.py > /tmp/transfer.log 2>&1 &
     .venv/bin/python bench/transfer_tuning.py --render       # re-analyse the saved runs
     .venv/bin/python bench/transfer_tuning.py --warmup skip  # warm runs' warm-up ablation
-    .venv/bin/python bench/transfer_tuning.py --warm-config warmup_by_share=True
+    .venv/bin/python bench/transfer_tuning.py --warm-config warm_warmup=8
 
 An ablation of the warm runs (``--warmup``, the task scheduler's warm-up, ``gradtune tune``'s
 default after a warm start being ``stake``; ``--warm-from auto``, Eq. 1's source alone, where

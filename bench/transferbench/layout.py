@@ -57,9 +57,8 @@ class TransferLayout(Layout):
     makes only warm runs, and copies the untuned, full and transfer runs in from the
     default's (``adopt``), so that every warm start is weighed against the same cold runs.
     ``warm_config``: ``GradientConfig`` fields for the warm runs' search alone, over
-    ``gradient_config`` (a lever that only a warm start has a use for, such as
-    ``warmup_by_share``, whose shares are then the transferred programs'); likewise an
-    ablation of the warm start."""
+    ``gradient_config`` (a lever that only acts on tasks with programs before the run, such as
+    ``warm_warmup``); likewise an ablation of the warm start."""
 
     WARMUP_DEFAULT: ClassVar[str] = WARM_DEFAULT
 

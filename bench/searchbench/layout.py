@@ -32,6 +32,30 @@ FRACTIONS = (0.25, 0.5, 1.0)  # of the budget, where end-to-end latency is measu
 FIRST_DEFAULTS = {"ranked_warmup": 0, "structural_variants": 0}
 
 
+def config_kwargs(text: str) -> dict[str, Any]:
+    """``GradientConfig`` keyword arguments of an option's ``K=V,...`` (values as Python
+    literals: ``0.5``, ``32``, ``True``)."""
+    import ast
+
+    def value(text: str) -> Any:
+        try:
+            return ast.literal_eval(text)
+        except (ValueError, SyntaxError):  # a bare word: acquisition=ei
+            return text
+
+    pairs = [item.split("=", 1) for item in text.split(",") if item]
+    return {key.strip(): value(text.strip()) for key, text in pairs}
+
+
+def unknown_fields(option: str, kwargs: dict[str, Any]) -> str | None:
+    """The one line saying which of ``kwargs`` (given by ``option``) ``GradientConfig`` lacks;
+    None if it has them all."""
+    from gradtune.search.gradient_search import GradientConfig
+
+    unknown = sorted(set(kwargs) - set(GradientConfig._fields))
+    return f"{option}: GradientConfig has no field {', '.join(unknown)}" if unknown else None
+
+
 def today_defaults() -> dict[str, Any]:
     """Every ``GradientConfig`` field at today's default, as a result's JSON gives it back."""
     from gradtune.search.gradient_search import GradientConfig
@@ -137,27 +161,12 @@ class Layout:
         ]  # fmt: skip
 
     def gradient_kwargs(self) -> dict[str, Any]:
-        """``GradientConfig`` keyword arguments of ``gradient_config`` (values as Python
-        literals: ``0.5``, ``32``, ``True``)."""
-        import ast
-
-        def value(text: str) -> Any:
-            try:
-                return ast.literal_eval(text)
-            except (ValueError, SyntaxError):  # a bare word: acquisition=ei
-                return text
-
-        pairs = [item.split("=", 1) for item in self.gradient_config.split(",") if item]
-        return {key.strip(): value(text.strip()) for key, text in pairs}
+        """``GradientConfig`` keyword arguments of ``gradient_config``."""
+        return config_kwargs(self.gradient_config)
 
     def config_problem(self) -> str | None:
         """What is wrong with ``gradient_config``, in one line; None if nothing."""
-        from gradtune.search.gradient_search import GradientConfig
-
-        unknown = sorted(set(self.gradient_kwargs()) - set(GradientConfig._fields))
-        if unknown:
-            return f"--gradient-config: GradientConfig has no field {', '.join(unknown)}"
-        return None
+        return unknown_fields("--gradient-config", self.gradient_kwargs())
 
     def gradient_effective(self) -> dict[str, Any]:
         """Every ``GradientConfig`` field the layout's gradient runs search with: its

@@ -28,11 +28,11 @@ A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, ClassVar
 
-from searchbench.layout import Layout, RunSpec, config_moved
+from searchbench.layout import Layout, RunSpec, config_kwargs, config_moved, unknown_fields
 
 from gradtune.transfer.run import ALL, AUTO
 
@@ -85,8 +85,7 @@ class TransferLayout(Layout):
     def warm_kwargs(self) -> dict[str, Any]:
         """``GradientConfig`` keyword arguments of the warm runs: ``warm_config`` over
         ``gradient_config``."""
-        warm = replace(self, gradient_config=self.warm_config, warm_config="")
-        return {**self.gradient_kwargs(), **Layout.gradient_kwargs(warm)}
+        return {**self.gradient_kwargs(), **config_kwargs(self.warm_config)}
 
     def kwargs_of(self, kind: str) -> dict[str, Any]:
         """The ``GradientConfig`` keyword arguments a run of ``kind`` searches with."""
@@ -99,14 +98,10 @@ class TransferLayout(Layout):
         return GradientConfig(**self.kwargs_of(kind)).as_json()
 
     def config_problem(self) -> str | None:
-        if problem := super().config_problem():
-            return problem
-        from gradtune.search.gradient_search import GradientConfig
-
-        unknown = sorted(set(self.warm_kwargs()) - set(GradientConfig._fields))
-        if unknown:
-            return f"--warm-config: GradientConfig has no field {', '.join(unknown)}"
-        return None
+        """Also what is wrong with ``warm_config``."""
+        return super().config_problem() or unknown_fields(
+            "--warm-config", config_kwargs(self.warm_config)
+        )
 
     def config_moved(self, result: dict[str, Any]) -> str | None:
         """As ``Layout.config_moved``, a warm run against the warm runs' configuration."""

@@ -570,6 +570,42 @@ def test_random_warmup_holds_when_the_database_already_has_programs_of_the_task(
     search.post_tuning()
 
 
+def test_warm_explore_off_leaves_a_warm_tasks_first_batch_to_the_descent_only(
+    llvm_target, small_cnn_conv
+):
+    """``warm_explore=False``: the first batch of a task the database held programs of has no
+    explorer's share (neither random draws nor an evolution); its next batch has one again,
+    and a task the database held nothing of still gets random draws first."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.search.gradient_search import GradientConfig
+
+    config = GradientConfig(seeds=4, steps=4, explorer_population=64, warm_explore=False,
+                            build_at_first_batch=False)  # fmt: skip
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
+    spaces = context.generate_design_space()
+    database = database_of_spaces(small_cnn_conv, llvm_target, spaces)
+    search.pre_tuning(64, 8, spaces, database, ms.cost_model.XGBModel())
+    search.explorer = spy = _ExplorerSpy(search.explorer)
+    rounds = []
+    for _ in range(2):
+        candidates = search.generate_measure_candidates()
+        results = [ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None) for _ in candidates]
+        search.notify_runner_results(candidates, results)
+        rounds.append(session.take(small_cnn_conv.name))
+    assert not rounds[0].sampled and rounds[0].evolved == 0
+    assert rounds[1].evolved >= 1 and spy.calls[0] == "generate"
+    search.post_tuning()
+    search, session, context = search_on(small_cnn_conv, llvm_target, config)
+    search.pre_tuning(64, 8, context.generate_design_space(), ms.database.MemoryDatabase(),
+                      ms.cost_model.XGBModel())  # fmt: skip
+    candidates = search.generate_measure_candidates()
+    results = [ms.runner.RunnerResult(run_secs=[1e-3], error_msg=None) for _ in candidates]
+    search.notify_runner_results(candidates, results)
+    assert session.take(small_cnn_conv.name).sampled
+    search.post_tuning()
+
+
 def test_ranked_warmup_keeps_the_best_ranked_random_programs_once_the_ranker_is_trained(
     llvm_target, small_cnn_conv
 ):

@@ -177,6 +177,12 @@ class GradientConfig(NamedTuple):
         fewer than ``warmup`` and the batch: such a task's descent starts from those programs
         and its cost model has learnt them, so the task scheduler's warm-up, which gives every
         task a batch before the gradient policy picks, can spend less on it.
+    warm_explore : bool, default True
+        Whether the explorer fills its share of that first batch of a task the database held
+        programs of (random draws with ``random_warmup``); off, the descent from those programs
+        fills the batch, ``explore`` of it drawn at random from its candidates. After a warm
+        start the descent seeds from the transferred schedules while a random draw knows none
+        of them.
     build_at_first_batch : bool, default True
         Build a task's symbolic sketches (and its explorer) when it is first asked for a
         batch, not in ``pre_tuning``, which MetaSchedule calls for every task before the first
@@ -223,6 +229,7 @@ class GradientConfig(NamedTuple):
     explore_bounds: tuple[float, float] = (0.05, 0.5)
     warmup: int | None = None
     warm_warmup: int | None = None
+    warm_explore: bool = True
     build_at_first_batch: bool = True
     warmup_by_share: bool = False
     structural_variants: int = 3
@@ -476,12 +483,13 @@ class GradientSearch(ReportingStrategy):
         if self.config.needs_ensemble:
             self._calibrate()
         first = self.batches == 0
-        self._sampled = self.explorer is not None and self.config.random_warmup and first
-        eligible = (
-            self.explorer is not None
-            and not self._sampled
-            and (self.config.explorer_in_warmup or not first)
+        # Off, warm_explore leaves a warm task's first batch to the descent, which the
+        # database's programs (a warm start's, a resumed run's) seed; a random draw knows none.
+        explores = self.explorer is not None and not (
+            first and self.history and not self.config.warm_explore
         )
+        self._sampled = explores and self.config.random_warmup and first
+        eligible = explores and not self._sampled and (self.config.explorer_in_warmup or not first)
         self._exploring = self._sampled or (
             eligible and self._since_explored + 1 >= self.config.explorer_every
         )

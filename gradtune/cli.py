@@ -97,8 +97,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         choices=WARMUPS,
         help="the task scheduler's first batches: one per task in the model's order (model), "
-        "the most latency at stake first (stake), or none, every task with a measured "
-        "program weighed from the start (skip); default: stake after --warm-start, else model",
+        "the most latency at stake first (stake), likewise but the tasks without transferred "
+        "or resumed programs first (fresh), or none, every task with a measured program "
+        "weighed from the start (skip); default: stake after --warm-start, else model",
     )
     add_run_options(tune)
     add_transfer_parser(sub)

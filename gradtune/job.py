@@ -87,8 +87,9 @@ class TuneJob:
         (``partition.Lowering``; ``--no-subpixel-conv-transpose`` for TOPI's).
     warmup : str | None, default None
         How the task scheduler's first batches go round: "model" (MetaSchedule's, one per
-        task in the model's order), "stake" (one per task, the most latency at stake first)
-        or "skip" (none: tasks with a measured program are weighed from the start); None:
+        task in the model's order), "stake" (one per task, the most latency at stake first),
+        "fresh" (likewise, the tasks without transferred or resumed programs first) or "skip"
+        (none: tasks with a measured program are weighed from the start); None:
         "stake" after a warm start, else "model" (``tune.start_warmup``).
     """
 

@@ -28,7 +28,7 @@ from typing import Any
 from .database_repair import repair_database
 from .errors import GradtuneError
 from .measure.adaptive import MeasureCost, TaskBests, prim_func_signature
-from .measure.baseline import kept_defaults, measure_defaults
+from .measure.baseline import is_default, kept_defaults, measure_defaults
 from .measure.builder import make_builder
 from .measure.confirm import Confirmation, confirm, confirmed_database
 from .measure.latency import median_seconds, result_seconds
@@ -75,10 +75,13 @@ def start_warmup(
     tasks: list[TuningTask],
     best_us: dict[str, float],
     warmup: str,
+    held: frozenset[str] = frozenset(),
 ) -> list[str]:
     """Set the task scheduler's warm-up (``search.WARMUPS``) from each task's best latency
     measured before the search: its default schedule's, and after a warm start the
-    transferred ones'. Returns the tasks whose warm-up batch is skipped.
+    transferred ones'. ``held``: the tasks the database held programs of (transferred,
+    or a resumed run's), which ``fresh`` visits after the others. Returns the tasks whose
+    warm-up batch is skipped.
 
     ``stake`` keeps a batch for every task and orders them by weight × latency; it is the
     default after a warm start, whose transferred programs say where the latency is. With the
@@ -96,8 +99,12 @@ def start_warmup(
     # A measured task's share of the model's estimated latency; the others have none.
     shares = latency_shares(tasks, best_us)
     measured = [(i, task) for i, task in enumerate(tasks) if task.name in shares]
-    if warmup == "stake":
-        scheduler.order_warmup({i: shares[task.name] for i, task in measured})
+    if warmup in ("stake", "fresh"):
+        first = {i for i, task in enumerate(tasks) if task.name not in held}
+        scheduler.order_warmup(
+            {i: shares[task.name] for i, task in measured},
+            frozenset(first) if warmup == "fresh" else frozenset(),
+        )
     if warmup != "skip":
         return []
     for i, task in measured:
@@ -138,6 +145,20 @@ def best_from_database(database, tasks: list[TuningTask]) -> dict[str, float]:
         if top and top[0].run_secs:
             best[task.name] = 1e6 * median_seconds(top[0].run_secs)
     return best
+
+
+def searched_tasks(database, tasks: list[TuningTask]) -> frozenset[str]:
+    """The tasks the database holds a program of other than the default schedule
+    (``measure.baseline``): transferred, or measured by an earlier run this one resumes."""
+    import tvm_ffi
+
+    names = {int(tvm_ffi.structural_hash(t.mod)): t.name for t in tasks}
+    return frozenset(
+        names[key]
+        for record in database.get_all_tuning_records()
+        if not is_default(record)
+        and (key := int(tvm_ffi.structural_hash(record.workload.mod))) in names
+    )
 
 
 def count_records(database) -> int:
@@ -455,7 +476,8 @@ def tune(
             session.latency_shares = latency_shares(tasks, best_us)
             if strategy is not None and remaining > first and not session.stop.stopped:
                 # Only here: a run whose budget ended before the search skipped no warm-up.
-                result.warmup_skipped = start_warmup(scheduler, tasks, best_us, warmup)
+                held = searched_tasks(database, tasks) if warmup == "fresh" else frozenset()
+                result.warmup_skipped = start_warmup(scheduler, tasks, best_us, warmup, held)
                 ms.tune_tasks(
                     tasks=contexts,
                     task_weights=[float(t.weight) for t in tasks],

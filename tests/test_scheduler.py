@@ -85,7 +85,8 @@ def test_a_seeded_task_skips_the_warm_up_and_is_weighed_by_its_seed():
 def test_the_warm_up_goes_round_in_the_models_order_by_stake_or_not_at_all():
     """``tune``'s warm-ups, from the latencies measured before the search: ``model`` visits
     every task in order, ``stake`` every task by weight × latency (a task with nothing
-    measured first: it may be the largest), ``skip`` only the tasks with nothing measured."""
+    measured first: it may be the largest), ``fresh`` likewise but the tasks the database held
+    programs of after the others, ``skip`` only the tasks with nothing measured."""
     from gradtune.search.scheduler import GradientTaskScheduler
     from gradtune.tune import start_warmup
 
@@ -94,16 +95,46 @@ def test_the_warm_up_goes_round_in_the_models_order_by_stake_or_not_at_all():
     # Weighted: 8, 300, nothing measured, 100 and 100.
     best_us = {"small": 2.0, "big": 300.0, "mid": 50.0, "tie": 100.0}
 
-    def line(warmup: str) -> tuple[list[int], list[str]]:
+    def line(warmup: str, held: frozenset[str] = frozenset()) -> tuple[list[int], list[str]]:
         scheduler = GradientTaskScheduler()
-        skipped = start_warmup(scheduler, tasks, best_us, warmup)
+        skipped = start_warmup(scheduler, tasks, best_us, warmup, held)
         return scheduler.warmup_line(len(tasks)), skipped
 
     assert line("model") == ([0, 1, 2, 3, 4], [])
     assert line("stake") == ([2, 1, 3, 4, 0], [])  # mid and tie tie at 100: the model's order
     assert line("skip") == ([2], ["small", "big", "mid", "tie"])
+    # ``fresh``: by stake too, but what the database held programs of (big, transferred) last.
+    assert line("fresh", frozenset({"big"})) == ([2, 3, 4, 0, 1], [])
+    assert line("fresh") == line("stake")  # a cold run: nothing held
     with pytest.raises(ValueError, match="unknown warm-up 'random'"):
         line("random")
+
+
+def test_the_tasks_held_are_those_with_a_program_besides_the_default(tiny_model, llvm_target):
+    """``fresh``'s tasks held: the database has a searched or transferred program of them, not
+    only the default schedule every run measures first."""
+    from tvm.s_tir import meta_schedule as ms
+
+    from gradtune.measure.baseline import default_schedule
+    from gradtune.symbolic.verify import design_space
+    from gradtune.tune import searched_tasks
+
+    _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
+    database = ms.database.MemoryDatabase()
+
+    def commit(task, trace) -> None:
+        args = ms.arg_info.ArgInfo.from_prim_func(task.mod["main"])
+        workload = database.commit_workload(task.mod)
+        database.commit_tuning_record(
+            ms.database.TuningRecord(trace, workload, [1e-3], llvm_target, args)
+        )
+
+    for task in tasks:
+        commit(task, default_schedule(task.mod).trace)
+    assert searched_tasks(database, tasks) == frozenset()
+    _, spaces, _ = design_space(tasks[-1].mod, llvm_target, seed=3)
+    commit(tasks[-1], spaces[0].trace)
+    assert len(tasks) > 1 and searched_tasks(database, tasks) == {tasks[-1].name}
 
 
 @pytest.mark.slow

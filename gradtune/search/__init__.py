@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 SEARCH_STRATEGIES = ("gradient", "evolutionary", "replay-trace", "replay-func")
 # How the task scheduler's first batches go round (``scheduler``'s docstring).
-WARMUPS = ("model", "stake", "skip")
+WARMUPS = ("model", "stake", "fresh", "skip")
 
 
 def make_strategy(

@@ -26,8 +26,8 @@ The warm-up is one of ``gradtune.search.WARMUPS`` (``tune``'s ``warmup``):
 - ``stake``: every task still, the most latency at stake first (``order_warmup``: weight ×
   the best latency measured before the search, its default schedule's at least); ``tune``'s
   default after a warm start.
-- ``fresh``: every task still, by stake, but the tasks the database held no program of
-  before the run first. After a warm start a transferred task's first batch rarely beats its
+- ``fresh``: every task still, by stake, but first the tasks the database held no searched
+  or transferred program of before the run (``tune.searched_tasks``). After a warm start a transferred task's first batch rarely beats its
   transferred schedule, while an untransferred one's starts from its default schedule: in 11
   warm starts of five CNNs on a 2-core Zen 5 (``warm_warmup=8``, the warm-up by stake), the
   untransferred tasks' 20 first batches took 18% off the model's estimate per 100 s they

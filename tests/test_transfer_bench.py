@@ -247,6 +247,10 @@ def test_a_warm_search_ablation_changes_only_the_warm_runs_configuration(tmp_pat
     write_json(share.result(warm), {"run_id": warm.run_id, "searcher": WARM, "warmup": "stake"}
                | {"gradient_config_effective": plain})  # fmt: skip
     assert "warmup_by_share" in share.mixed_config(specs, (FULL, WARM))
+    # Its full runs are the warm runs' library, whose SPEC a comma would split.
+    two = TransferLayout(tmp_path, 480, warm_config="warm_warmup=4,warm_explore=False")
+    assert two.root == tmp_path / "480s-transfer-warm-warm_warmup=4+warm_explore=False"
+    assert two.child_args()[-1] == "warm_warmup=4,warm_explore=False"
 
 
 def test_the_median_ratio_is_a_bound_only_where_a_never_reached_repeat_can_move_it():

@@ -16,6 +16,7 @@ models, ``prepared/<model>.json``) and run machinery; its own runs live apart, u
                                                           runs from Eq. 1's source alone
     work/<budget>s-transfer-warm-<config>/                --warm-config: likewise, warm runs
                                                           whose gradient search has <config>
+                                                          (its commas as +)
 
 A run is a ``searchbench.layout.RunSpec`` whose "searcher" is its kind:
 
@@ -75,7 +76,10 @@ class TransferLayout(Layout):
     def root(self) -> Path:
         warm_from = f"-from-{self.warm_from}" if self.warm_from != FROM_DEFAULT else ""
         warm_config = f"-warm-{self.warm_config}" if self.warm_config else ""
-        return self.work / f"{self.budget:g}s-transfer{self.suffix}{warm_from}{warm_config}"
+        name = f"{self.budget:g}s-transfer{self.suffix}{warm_from}{warm_config}"
+        # The warm runs' library is this layout's full runs, and a library SPEC separates its
+        # sources by commas: a configuration of two fields (a=1,b=2) must not put one in a path.
+        return self.work / name.replace(",", "+")
 
     def child_args(self) -> list[str]:
         warm_from = ["--warm-from", self.warm_from] if self.warm_from != FROM_DEFAULT else []

@@ -171,12 +171,13 @@ class GradientConfig(NamedTuple):
         Candidates in a task's first batch, when fewer than the task scheduler's batch: every
         task gets its first batch before any gets a second, so a model of many tasks waits
         long for its first results. None sends the full batch.
-    warm_warmup : int or None, default None
+    warm_warmup : int or None, default 8
         Candidates in the first batch of a task whose database already held measured programs
         of it when the run began (a warm start's transferred schedules, a resumed run's), when
         fewer than ``warmup`` and the batch: such a task's descent starts from those programs
         and its cost model has learnt them, so the task scheduler's warm-up, which gives every
-        task a batch before the gradient policy picks, can spend less on it.
+        task a batch before the gradient policy picks, can spend less on it. None gives it the
+        whole batch.
     warm_explore : bool, default True
         Whether the explorer fills its share of that first batch of a task the database held
         programs of (random draws with ``random_warmup``); off, the descent from those programs
@@ -228,7 +229,7 @@ class GradientConfig(NamedTuple):
     contextual_explore: bool = False
     explore_bounds: tuple[float, float] = (0.05, 0.5)
     warmup: int | None = None
-    warm_warmup: int | None = None
+    warm_warmup: int | None = 8
     warm_explore: bool = True
     build_at_first_batch: bool = True
     warmup_by_share: bool = False

@@ -27,11 +27,12 @@ The warm-up is one of ``gradtune.search.WARMUPS`` (``tune``'s ``warmup``):
   the best latency measured before the search, its default schedule's at least); ``tune``'s
   default after a warm start.
 - ``fresh``: every task still, by stake, but first the tasks the database held no searched
-  or transferred program of before the run (``tune.searched_tasks``). After a warm start a transferred task's first batch rarely beats its
-  transferred schedule, while an untransferred one's starts from its default schedule: in 11
-  warm starts of five CNNs on a 2-core Zen 5 (``warm_warmup=8``, the warm-up by stake), the
-  untransferred tasks' 20 first batches took 18% off the model's estimate per 100 s they
-  spent, the transferred ones' 109 took 3%.
+  or transferred program of before the run (``tune.searched_tasks``). After a warm start a
+  transferred task's first batch rarely beats its transferred schedule, while an
+  untransferred one's starts from its default schedule: in 11 warm starts of five CNNs on a
+  2-core Zen 5 (``warm_warmup=8``, the warm-up by stake), the untransferred tasks' 20 first
+  batches took 18% off the model's estimate per 100 s they spent, the transferred ones' 109
+  took 3%.
 - ``skip``: none; a task with measured programs counts them as its first batch (``seed``) and
   the gradient policy picks from the first round. After warm starts on that Zen 2 it put them
   6-48x ahead of cold tuning at 60 s, but the policy then spent the budget on the few largest

@@ -86,7 +86,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "runs not fixed live apart",
     )  # fmt: skip
     parser.add_argument(
-        "--warmup", default="model", metavar="model|stake|skip",
+        "--warmup", default="model", metavar="model|stake|fresh|skip",
         help="the task scheduler's warm-up (gradtune tune --warmup), both searchers' runs; "
         "runs not model live apart",
     )  # fmt: skip

@@ -220,7 +220,10 @@ def test_cpu_only_lowerings_are_refused_for_a_gpu_target():
     ("setting", "message"),
     [
         ({"conv_layout": "nhwc"}, "unknown --conv-layout 'nhwc'; choose one of NCHW"),
-        ({"warmup": "random"}, "unknown --warmup 'random'; choose one of model, stake, skip"),
+        (
+            {"warmup": "random"},
+            "unknown --warmup 'random'; choose one of model, stake, fresh, skip",
+        ),
     ],
 )
 def test_an_unknown_choice_is_refused_by_a_flow_too(setting, message):

@@ -43,7 +43,10 @@ def test_kernels_of_a_model_without_runs_is_one_line(tmp_path):
             "no finished runs of bert_block in",
         ),
         (["--against", "ranked_warmup=0"], "--against weighs a configuration in a --versus"),
-        (["--warmup", "random"], "unknown --warmup 'random'; choose one of model, stake, skip"),
+        (
+            ["--warmup", "random"],
+            "unknown --warmup 'random'; choose one of model, stake, fresh, skip",
+        ),
     ],
 )
 def test_versus_without_an_ablation_or_runs_is_one_line(tmp_path, config, says):

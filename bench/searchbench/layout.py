@@ -124,7 +124,7 @@ class Layout:
         its runs live apart from the default configuration's (``<budget>s-<config>``).
     measure : {"fixed", "adaptive", "handoff"}, default "fixed"
         How candidates are timed (``gradtune tune --measure``); runs not fixed live apart too.
-    warmup : {"model", "stake", "skip"}, default "model"
+    warmup : {"model", "stake", "fresh", "skip"}, default "model"
         The task scheduler's warm-up (``gradtune tune --warmup``), both searchers' runs; runs
         of another than a cold run's default live apart too (``<budget>s-warmup-<warmup>``).
     """

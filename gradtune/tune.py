@@ -28,7 +28,7 @@ from typing import Any
 from .database_repair import repair_database
 from .errors import GradtuneError
 from .measure.adaptive import MeasureCost, TaskBests, prim_func_signature
-from .measure.baseline import is_default, kept_defaults, measure_defaults
+from .measure.baseline import kept_defaults, measure_defaults, workloads_of
 from .measure.builder import make_builder
 from .measure.confirm import Confirmation, confirm, confirmed_database
 from .measure.latency import median_seconds, result_seconds
@@ -100,11 +100,9 @@ def start_warmup(
     shares = latency_shares(tasks, best_us)
     measured = [(i, task) for i, task in enumerate(tasks) if task.name in shares]
     if warmup in ("stake", "fresh"):
-        first = {i for i, task in enumerate(tasks) if task.name not in held}
-        scheduler.order_warmup(
-            {i: shares[task.name] for i, task in measured},
-            frozenset(first) if warmup == "fresh" else frozenset(),
-        )
+        fresh = (i for i, task in enumerate(tasks) if task.name not in held)
+        first = frozenset(fresh) if warmup == "fresh" else frozenset()
+        scheduler.order_warmup({i: shares[task.name] for i, task in measured}, first)
     if warmup != "skip":
         return []
     for i, task in measured:
@@ -152,13 +150,8 @@ def searched_tasks(database, tasks: list[TuningTask]) -> frozenset[str]:
     (``measure.baseline``): transferred, or measured by an earlier run this one resumes."""
     import tvm_ffi
 
-    names = {int(tvm_ffi.structural_hash(t.mod)): t.name for t in tasks}
-    return frozenset(
-        names[key]
-        for record in database.get_all_tuning_records()
-        if not is_default(record)
-        and (key := int(tvm_ffi.structural_hash(record.workload.mod))) in names
-    )
+    searched = workloads_of(database, default=False)
+    return frozenset(t.name for t in tasks if int(tvm_ffi.structural_hash(t.mod)) in searched)
 
 
 def count_records(database) -> int:

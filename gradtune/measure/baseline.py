@@ -26,14 +26,15 @@ from ..target import is_gpu
 log = logging.getLogger(__name__)
 
 
-def default_workloads(database: Any) -> set[int]:
-    """Structural hashes of the workloads whose default schedule the database already holds."""
+def workloads_of(database: Any, default: bool) -> set[int]:
+    """Structural hashes of the workloads the database holds the default schedule of
+    (``default``), or else a program besides it (searched, transferred)."""
     import tvm_ffi
 
     return {
         int(tvm_ffi.structural_hash(record.workload.mod))
         for record in database.get_all_tuning_records()
-        if is_default(record)
+        if is_default(record) == default
     }
 
 
@@ -67,7 +68,7 @@ def measure_defaults(
 
     if is_gpu(target):
         return 0
-    have = default_workloads(database)
+    have = workloads_of(database, default=True)
     todo = [t for t in tasks if int(tvm_ffi.structural_hash(t.mod)) not in have]
     if not todo:
         return 0

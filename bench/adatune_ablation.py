@@ -33,6 +33,16 @@ half-finished one is restarted. Writes ``--out``/adatune_ablation.{md,json} and 
 model (marked PARTIAL until every run finished); the last line printed is one JSON object:
 ``{"configs": {name: {...}}, "measure_seconds_ratio", "adaptive_latency_error_median",
 "t95_ratio_full_over_baseline", "final_latency_ratio", ...}``.
+
+The work dir does not outlive a session's machine, and the whole ablation (~5.5 h at 300 s)
+outlasts a session. ``--archive DIR`` keeps each finished run's result and best record per
+workload (``searchbench.archive``, under ``DIR/<config>/``), small enough for git;
+``--restore DIR`` on a machine of the same target puts them back (libraries rebuilt; runs
+tuned for another CPU refused), and the same command then runs only what is left. The
+leave-out cost models are pretrained again there, and the libraries timed again together.
+
+    .venv/bin/python bench/adatune_ablation.py --configs baseline full --archive /tmp/ada
+    tar cJf bench/results/adatune_ablation_<cpu>_runs.tar.xz -C /tmp ada
 """
 
 from __future__ import annotations
@@ -76,6 +86,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                       help=argparse.SUPPRESS)  # fmt: skip
     step.add_argument("--prepare", metavar="MODEL", help=argparse.SUPPRESS)
     step.add_argument("--time", metavar="MODEL", help=argparse.SUPPRESS)
+    step.add_argument(
+        "--archive", type=Path, metavar="DIR",
+        help="copy the finished runs (result, best record per workload) of --configs to DIR, "
+        "for git",
+    )  # fmt: skip
+    step.add_argument(
+        "--restore", type=Path, metavar="DIR",
+        help="put the archived runs of --configs back into --work (libraries rebuilt), then stop",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     resolve_out(args, DEFAULT_WORK)
     return args
@@ -161,6 +180,22 @@ def orchestrate(layouts: dict[str, AdaLayout], runs: list, models: list[str], ou
     return True
 
 
+def carry(layouts: dict[str, AdaLayout], archive_to: Path | None, restore_from: Path | None) -> int:
+    """``--archive``/``--restore``: the search benchmark's, one configuration at a time, each
+    under ``DIR/<config>``. Restore skips a configuration the archive does not hold, so one
+    archive can grow by configurations over sessions."""
+    from searchbench import archive
+
+    for config, layout in layouts.items():
+        if archive_to is not None:
+            archive.archive(layout, archive_to)
+        elif (restore_from / config).is_dir():
+            archive.restore(layout, restore_from)
+        else:
+            print(f"adatune_ablation: {config}: not in {restore_from}", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     problem = check(args)
@@ -181,6 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.time:
         time_model({c: layout_of(work, args.budget, c) for c in CONFIGS}, args.time)
         return 0
+    if args.archive or args.restore:
+        return carry(layouts, args.archive, args.restore)
     models = list(dict.fromkeys(args.models or DEFAULT_MODELS))
     held_out = [m for m in models if MODELS[m].zoo_name is None]
     if len(held_out) < HELD_OUT_NEEDED and not args.render:

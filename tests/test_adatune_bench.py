@@ -118,3 +118,34 @@ def test_a_configuration_whose_defaults_moved_since_its_runs_is_refused(tmp_path
     assert done.returncode == 2 and len(lines) == 1, done.stderr
     assert "bert_block gradient runs of another configuration: structural_variants=0" in lines[0]
     assert not (tmp_path / "out").exists() and not layout.prepared("bert_block").exists()
+
+
+def test_finished_runs_go_to_an_archive_per_configuration_and_come_back(tmp_path: Path, capsys):
+    """The ablation outlasts a session's machine: its finished runs are carried in git and put
+    back, each configuration's into its own layout; one the archive lacks is named, not an
+    error, so the archive can grow by configurations."""
+    import json
+
+    import adatune_ablation
+    from adatunebench.layout import layout_of
+    from searchbench import api
+    from searchbench.layout import RunSpec
+
+    config, _ = api.host_target()
+    work, archive = tmp_path / "work", tmp_path / "archive"
+    spec = RunSpec("bert_block", "gradient", 0)
+    result = {"model": "bert_block", "run_id": "gradient-r0", "target": config, "builds": {}}
+    baseline = layout_of(work, 300, "baseline")
+    baseline.result(spec).parent.mkdir(parents=True)
+    baseline.result(spec).write_text(json.dumps(result))
+    common = ["--work", str(work), "--out", str(tmp_path / "out"), "--configs", "baseline", "full"]
+
+    assert adatune_ablation.main([*common, "--archive", str(archive)]) == 0
+    assert json.loads((archive / "baseline/runs/bert_block/gradient-r0/result.json").read_text())
+    assert not (archive / "full").exists()
+
+    baseline.result(spec).unlink()
+    assert adatune_ablation.main([*common, "--restore", str(archive)]) == 0
+    assert json.loads(baseline.result(spec).read_text()) == result
+    assert not layout_of(work, 300, "full").finished(spec)
+    assert "full: not in" in capsys.readouterr().out

@@ -131,13 +131,14 @@ _imported: dict[str, tuple[Any, Any]] = {}
 def _rebuild(work: Path, run_dir: Path, result: dict[str, Any], target: Any) -> None:
     from gradtune.partition import prepare
 
+    libraries = {k: b for k, b in result.get("builds", {}).items() if "library" in b}
+    if not libraries:
+        return  # a run that failed before its first build: nothing to import the model for
     model = result["model"]
     if model not in _imported:
         imported = api.import_model(MODELS[model].tuning_file(work))
         _imported[model] = (imported, prepare(imported.mod, imported.params, target))
     imported, fused = _imported[model]
-    for label, build in result.get("builds", {}).items():
-        if "library" not in build:
-            continue
+    for label, build in libraries.items():
         database = api.open_database(run_dir / f"db_at_{label}")
         api.build_verify_export(imported, fused, target, database, run_dir / build["library"])

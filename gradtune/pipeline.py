@@ -131,12 +131,19 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
             resumed = resumed_trials
             progress.update(bar, completed=min(job.trials, resumed))
 
+        printed_at = -math.inf
+
         def on_round(record: RoundLog) -> None:
-            progress.update(
-                bar,
-                completed=min(job.trials, resumed + record.trials),
-                status=f"kernels ≈ {record.estimated_model_us / 1e3:.3f} ms",
-            )
+            nonlocal printed_at
+            status = f"kernels ≈ {record.estimated_model_us / 1e3:.3f} ms"
+            completed = min(job.trials, resumed + record.trials)
+            progress.update(bar, completed=completed, status=status)
+            # Without a terminal (CI, nohup, a worker's stdout) rich draws the bar only when it
+            # ends: a plain line now and then shows the run is alive and where it stands.
+            if not console.is_terminal and record.seconds - printed_at >= PLAIN_PROGRESS_S:
+                printed_at = record.seconds
+                of = "" if job.transfer_only else f"/{job.trials}"
+                console.print(f"tuning: {completed}{of} trials, {record.seconds:.0f} s; {status}")
 
         result = tune(
             tasks,
@@ -183,6 +190,7 @@ def tune_stage(job: TuneJob, tasks: list[TuningTask], target_config: dict) -> Tu
     return result
 
 
+PLAIN_PROGRESS_S = 30.0  # between progress lines when stdout is not a terminal
 TRANSFER_TRIALS = 10**6  # no budget: a transfer measures every candidate it has
 
 

@@ -201,6 +201,14 @@ def _make_progress_callback(
                 search=session.take(task.name),
             )
             result.rounds.append(record)
+            # Without a terminal the progress bar stays silent until the end; a Prefect worker's
+            # run logs (flow_logging) show the tuning's progress by these lines.
+            log.info(
+                "round %d: %s, %d candidates (best %.1f µs); %d trials in %.0f s; "
+                "kernels ≈ %.3f ms",
+                record.round, task.name, record.measured, batch_best, record.trials,
+                record.seconds, record.estimated_model_us / 1e3,
+            )  # fmt: skip
             failed = sum(not math.isfinite(us) for us in batch)
             # An empty batch (a trivial design space, all of it measured) is not a failure.
             if runner_results and failed == len(runner_results):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -179,6 +180,8 @@ def test_onnx_model_end_to_end_on_prefect_server(tiny_onnx, tmp_path, prefect_se
         assert peer["ms"] or "onnx2torch" in peer["error"], peer
     assert summary["registered"] == "gradtune-tiny-mlp@champion"
     assert "ONNX Runtime" in result.stdout
+    # Not a terminal: the progress bar draws only at its end, so plain lines show the rounds.
+    assert re.search(r"^tuning: \d+/4 trials, \d+ s; kernels ≈ [\d.]+ ms$", result.stdout, re.M)
     # What compiled is what the confirmation chose, and the registry keeps its account.
     confirmed = json.loads((out / "confirmed.json").read_text())
     assert summary["confirmed_tasks"] == len(confirmed["tasks"]) > 0

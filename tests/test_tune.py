@@ -41,14 +41,20 @@ def test_a_programs_latency_is_the_median_of_its_run_secs_and_inf_when_it_failed
     assert result_seconds(failed) == math.inf
 
 
-def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tmp_path, fleet):
+def test_time_budget_stops_tuning_and_records_rounds(
+    tiny_model, llvm_target, tmp_path, fleet, caplog
+):
+    import logging
+
     from gradtune.tune import tune
 
     _, tasks = partition(tiny_model.mod, tiny_model.params, llvm_target)
     rounds, starts = [], []
     # Time for the default schedules and some batches, not for 400 trials.
-    result = tune(tasks, llvm_target, tmp_path, fleet, max_trials=400, time_budget=20.0,
-                  trials_per_round=4, on_start=starts.append, on_round=rounds.append)  # fmt: skip
+    with caplog.at_level(logging.INFO, logger="gradtune"):
+        result = tune(tasks, llvm_target, tmp_path, fleet, max_trials=400, time_budget=20.0,
+                      trials_per_round=4, on_start=starts.append,
+                      on_round=rounds.append)  # fmt: skip
     assert starts == [0]
     assert result.stopped_by_time_budget
     assert 0 < result.trials < 400
@@ -56,6 +62,10 @@ def test_time_budget_stops_tuning_and_records_rounds(tiny_model, llvm_target, tm
     assert all(r.estimated_model_us > 0 for r in rounds)
     assert count_records(run_database(tmp_path)) == result.trials
     assert set(result.best_us) <= {t.name for t in tasks}
+    # A Prefect worker has no terminal for the progress bar: each round is a line of its logs.
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("round ")]
+    assert len(lines) == len(rounds)
+    assert f"{rounds[-1].trials} trials" in lines[-1] and rounds[-1].task in lines[-1]
 
 
 @pytest.mark.slow

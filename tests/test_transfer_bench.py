@@ -132,6 +132,38 @@ def test_the_report_counts_the_tasks_whose_warm_up_a_warm_start_skipped(tmp_path
     assert "or a transferred one), of the model's tasks: m r0 2/9." in text(data)
 
 
+def test_warm_starts_are_also_weighed_against_the_search_benchmarks_evolutionary_runs(tmp_path):
+    """Issue 14's peer: where bench/search_efficiency.py left evolutionary runs of the model in
+    the same work dir and budget, for the same target, each warm start is timed to the
+    evolutionary run's final estimate of its repeat; another target's or batch's is no peer."""
+    from searchbench.layout import Layout, RunSpec, write_json
+    from transferbench.analysis import gather
+    from transferbench.layout import TransferLayout
+    from transferbench.report import text
+
+    here, there = {"kind": "llvm", "mcpu": "here"}, {"kind": "llvm", "mcpu": "there"}
+    search = Layout(tmp_path, 120.0)
+    evolutionary = {  # reaches 400 µs, its final by the budget, at 100 s
+        0: {"rounds": _rounds((50, 900), (100, 400), (130, 300)), "target": here},
+        1: {"rounds": _rounds((60, 500)), "target": there},
+        2: {"rounds": _rounds((60, 500)), "target": here, "per_round_is_default": False},
+    }
+    for repeat, result in evolutionary.items():
+        spec = RunSpec("m", "evolutionary", repeat)
+        write_json(search.result(spec), result | {"searcher": "evolutionary", "repeat": repeat})
+    layout = TransferLayout(tmp_path, 120.0)
+    specs = [RunSpec("m", "warm", r) for r in range(3)]
+    for spec in specs:
+        warm = {"rounds": _rounds((20, 450), (25, 390)), "wall_s": 120, "target": here}
+        base = {"run_id": spec.run_id, "searcher": spec.searcher, "repeat": spec.repeat}
+        write_json(layout.result(spec), base | {"transfer": None, "budget_s": 120.0} | warm)
+    m = gather(layout, specs, ["m"])["models"]["m"]
+    assert list(m["warm_vs_evolutionary_per_repeat"]) == [0]
+    assert m["warm_vs_evolutionary_t_ratio"] == pytest.approx(100 / 25)
+    assert not m["warm_vs_evolutionary_bound"]
+    assert "m 4.00× over 1 repeats" in text(gather(layout, specs, ["m"]))
+
+
 def test_a_full_run_adopts_the_search_efficiency_run_it_would_repeat(tmp_path):
     """The search-efficiency benchmark's default gradient run (same model, budget, seed, cost
     model, call) is a ``full`` run already made: adopted with its database, its build at the

@@ -17,6 +17,13 @@
     t_cold / B, marked; the model's ratio is the median over repeats. Beside it, the
     warm start's lead along the way (``warm_lead``): cold / warm best estimate at ¼, ½ and
     ¾ of B, since a warm start ahead all along can still reach cold's last percent late.
+(c) Warm start against MetaSchedule's evolutionary search (issue 14's peer), where the
+    search-efficiency benchmark's evolutionary runs of the model lie in the same work dir at
+    the same budget (``bench/search_efficiency.py --work`` the same directory, default
+    layout, default batch) and were tuned for the same target: per repeat, the time the
+    evolutionary run took to first reach its own final estimate over the time the warm start
+    took to reach it, bounded like (b). A transfer is one of the gradient search's levers:
+    this is the ratio of (b) with the peer's run in place of the gradient search's.
 """
 
 from __future__ import annotations
@@ -94,6 +101,23 @@ def median_ratio(per_repeat: dict[Any, dict[str, Any]]) -> tuple[float | None, b
     return high, low != high
 
 
+def evolutionary_runs(layout: TransferLayout, model: str) -> dict[int, dict[str, Any]]:
+    """(c)'s references by repeat: the search benchmark's finished evolutionary runs of
+    ``model`` in ``layout``'s work dir and budget, with their final estimate by B."""
+    from searchbench.layout import Layout
+
+    found = {}
+    for r in Layout(layout.work, layout.budget).results(model):
+        if r.get("searcher") != "evolutionary" or "error" in r or not r.get("rounds"):
+            continue
+        if not r.get("per_round_is_default", True):
+            continue
+        final = estimate_by(r["rounds"], layout.budget)
+        if final is not None:
+            found[r["repeat"]] = r | {"final_estimated_us": final}
+    return found
+
+
 def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
     """Every metric of one model from its finished runs (None where a run is missing)."""
     results = {r["run_id"]: r for r in layout.results(model)}
@@ -132,6 +156,13 @@ def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
         if w["repeat"] in colds
     }
     ratio, bound = median_ratio(per_repeat)
+    peers = evolutionary_runs(layout, model)
+    versus_evolutionary = {
+        w["repeat"]: warm_ratio(peers[w["repeat"]], w, w["budget_s"])
+        for w in runs(WARM)
+        if w["repeat"] in peers and peers[w["repeat"]].get("target") == w.get("target")
+    }
+    evo_ratio, evo_bound = median_ratio(versus_evolutionary)
     source = transfer_runs[0]["transfer"] if transfer_runs else None
     return {
         "ms": {"untuned": untuned, "full": full, "transfer": transfer, "warm": warm},
@@ -140,6 +171,9 @@ def model_metrics(layout: TransferLayout, model: str) -> dict[str, Any]:
         "warm_start_t_ratio": ratio,
         "warm_start_bound": bound,
         "warm_start_per_repeat": per_repeat,
+        "warm_vs_evolutionary_t_ratio": evo_ratio,
+        "warm_vs_evolutionary_bound": evo_bound,
+        "warm_vs_evolutionary_per_repeat": versus_evolutionary,
         "warm_lead": {
             share: _median([x for p in per_repeat.values() if (x := p["lead"][share]) is not None])
             for share in (f"{q:g}" for q in LEAD_AT)

@@ -76,6 +76,20 @@ def text(data: dict[str, Any], host: dict[str, Any] | None = None) -> str:
             "The warm start's lead along the way, cold / warm best estimated latency at ¼ / ½ / ¾ "
             "of B (median over repeats): " + "; ".join(leads) + ".",
         ]
+    versus = [
+        f"{name} {_fmt(m['warm_vs_evolutionary_t_ratio'], '.2f', '×')}"
+        + (" (a bound)" if m["warm_vs_evolutionary_bound"] else "")
+        + f" over {len(m['warm_vs_evolutionary_per_repeat'])} repeats"
+        for name, m in data["models"].items()
+        if m.get("warm_vs_evolutionary_per_repeat")
+    ]
+    if versus:
+        lines += [
+            "",
+            "Against MetaSchedule's evolutionary search (the search benchmark's runs in this work "
+            "dir, same budget, repeat and target), its time to its own final estimate over the "
+            "warm start's time to that estimate (median over repeats): " + "; ".join(versus) + ".",
+        ]
     skipped = [
         f"{name} " + ", ".join(f"r{r} {k}/{n}" for r, (k, n) in sorted(m["warmup_skipped"].items()))
         for name, m in data["models"].items()

@@ -86,11 +86,31 @@ def test_metrics_compare_each_configuration_with_the_baseline(tmp_path: Path):
     assert rows[BASELINE]["measure_s_per_trial"] == pytest.approx(0.08)
     summary = analysis.summary_line(data, None)
     assert summary["measure_seconds_ratio"] == pytest.approx(0.08 / 0.04)
+    assert summary["measure_seconds_ratio_of"] == "baseline / adaptive_only"
+    two = configs[:2]  # without the evaluator alone, full's adaptive timing stands in, named
+    partial = analysis.gather({c: layouts[c] for c in two}, plan(["m"], 1, two), ["m"])
+    fallback = analysis.summary_line(partial, None)
+    assert fallback["measure_seconds_ratio"] == pytest.approx(0.08 / 0.02)
+    assert fallback["measure_seconds_ratio_of"] == "baseline / full"
     assert summary["t95_ratio_full_over_baseline"] == pytest.approx(0.25)
     assert summary["final_latency_ratio"] == pytest.approx(0.95)
     text = analysis.markdown(data, summary, configs)
     assert "| m | adaptive_only | 1 | > 100.0 |" in text
     assert analysis.plot(data, layouts, runs, tmp_path / "out" / "ablation")[0].is_file()
+
+
+def test_the_wall_clock_splits_into_choosing_building_and_measuring_and_device_timing():
+    """The adaptive evaluator shortens only the device's share: the report shows how much of a
+    run that is beside the search's own share."""
+    from adatunebench.analysis import wall_shares
+
+    rounds = [{"search": {"search_s": 30.0, "measure_s": 40.0}},
+              {"search": {"search_s": 10.0, "measure_s": 20.0}}, {"wall_s": 90.0}]  # fmt: skip
+    shares = wall_shares({"wall_s": 100.0, "measure_seconds": 5.0, "rounds": rounds})
+    assert shares == pytest.approx(
+        {"search_share": 0.4, "build_measure_share": 0.6, "device_share": 0.05}
+    )
+    assert wall_shares({"wall_s": 100.0, "rounds": [{"wall_s": 9.0}]})["search_share"] is None
 
 
 def test_a_configuration_whose_defaults_moved_since_its_runs_is_refused(tmp_path: Path):

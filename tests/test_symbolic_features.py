@@ -252,6 +252,36 @@ def test_smooth_features_have_finite_nonzero_gradients(matmul_task):
     assert (outside.grad < 0).any()
 
 
+def test_points_applied_on_probe_threads_give_what_one_thread_gives(matmul_task, monkeypatch):
+    """The descent's new points are applied on the probe threads: same programs, same
+    features, same cache order, from a copy of one unscheduled schedule for every probe."""
+    from gradtune.symbolic import sketch as sketch_module
+    from gradtune.symbolic.sketch import SymbolicSketch
+
+    mod, _, _, sketches, postprocs = matmul_task
+    points = np.stack(
+        [SymbolicSketch.build(mod, sketches[0].trace, postprocs).variables.random_point(rng)
+         for rng in [np.random.default_rng(9)] for _ in range(12)]
+    )  # fmt: skip
+
+    def run(threaded: bool) -> tuple[list, list]:
+        if not threaded:
+            monkeypatch.setattr(sketch_module, "_probe_pool", lambda: None)
+        sym = SymbolicSketch.build(mod, sketches[0].trace, postprocs, threads=1)
+        before = len(sym._cases)
+        feats = sym.features(torch.tensor(points), "smooth", refit=False)
+        monkeypatch.undo()
+        return feats, [(k, repr(p.program) if p else None) for k, p in sym._cases.items()][before:]
+
+    assert sketch_module._probe_pool() is not None  # CI's machine has two cores
+    threaded, one = run(True), run(False)
+    assert threaded[1] == one[1] and len(one[1]) >= 4  # new points, in the same order
+    for a, b in zip(threaded[0], one[0], strict=True):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert torch.equal(a, b)
+
+
 def test_smooth_mode_is_close_to_exact_at_integer_points(matmul_task):
     from gradtune.symbolic.sketch import SymbolicSketch
 

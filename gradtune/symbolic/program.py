@@ -272,54 +272,92 @@ def _call_is_pure(call: Any) -> bool:
     return effect is not None and int(effect) in (0, 1)
 
 
+_ARITH_SLOT = {name: i for i, name in enumerate(ARITH_NAMES)}
+
+
 def count_ops(expr: Any) -> list[int]:
     """Per-iteration op counts of a store's value (the C++ multiplies by the loop product)."""
-    counts = dict.fromkeys(ARITH_NAMES, 0)
+    return scan_value(expr)[0]
 
-    def visit(e: Any) -> None:
+
+def scan_value(expr: Any) -> tuple[list[int], list[tuple[Any, list[Any]]]]:
+    """A store value's op counts (``count_ops``) and its buffer loads, (buffer, indices) in
+    post-order, from one walk: a fused epilogue's value has hundreds of nodes, and walking it
+    once per question was a large share of extracting a program."""
+    slot = _ARITH_SLOT
+    counts = [0] * len(ARITH_NAMES)
+    loads: list[tuple[Any, list[Any]]] = []
+
+    def visit(e: Any) -> bool:
+        """Count ``e``'s subtree; whether it reads a buffer."""
         t = tir.node_type(e)
-        if t == "Select" and not tir.has_load(e):
-            return  # SimplifyForFeatureExtraction turns it into the constant 1
+        before = counts.copy() if t == "Select" else None
+        if t in tir.LOADS:
+            indices = list(e.indices)
+            for c in indices:
+                visit(c)
+            loads.append((tir.load_buffer(e), indices))
+            return True
+        reads = False
         for c in tir.children(e):
-            visit(c)
+            reads = visit(c) or reads
         if t in ("And", "Or", "Not"):
-            counts["bool_op"] += 1
+            counts[slot["bool_op"]] += 1
         elif t == "Select":
-            counts["select_op"] += 1
+            if not reads:  # SimplifyForFeatureExtraction turns it into the constant 1
+                counts[:] = before
+                return False
+            counts[slot["select_op"]] += 1
         elif t in _BINARY:
             prefix = "float_" if _is_float(e.ty) else "int_"
-            counts[prefix + _BINARY[t]] += 1
+            counts[slot[prefix + _BINARY[t]]] += 1
         elif t == "Call" or t in tir.BITWISE:
             pure = t in tir.BITWISE or _call_is_pure(e)
             prefix = "float_" if _is_float(e.ty) else "int_"
-            counts[prefix + ("math_func" if pure else "other_func")] += 1
+            counts[slot[prefix + ("math_func" if pure else "other_func")]] += 1
+        return reads
 
     visit(expr)
-    return [counts[n] for n in ARITH_NAMES]
+    return counts, loads
 
 
-def _coefficient(expr: Any, var: Any) -> int:
-    """``CoefficientExtractor``: post-order, the last multiplying constant wins."""
-    state = {"var": False, "add": False, "mul": False, "stride": 0}
+def _coefficients(expr: Any) -> dict[int, int]:
+    """``CoefficientExtractor`` of every variable of ``expr`` at once, keyed by the variable's
+    handle (absent: 0). Its state machine runs per variable over one post-order listing of the
+    expression: a store asks it for each loop of its nest, index and dimension, and walking
+    the expression once per question was most of a program's extraction."""
+    order: list[tuple[str, int]] = []  # post-order (node type, var handle or Mul constant)
 
-    def visit(e: Any) -> None:
+    def walk(e: Any) -> None:
         for c in tir.children(e):
-            visit(c)
+            walk(c)
         t = tir.node_type(e)
-        if t == "Var" and e.same_as(var):
-            state["var"], state["stride"] = True, 2
-        elif t == "Mul" and state["var"] and not state["add"]:
+        if t == "Var":
+            order.append((t, e.__chandle__()))
+        elif t == "Mul":
             if tir.node_type(e.a) == "IntImm":
-                state["mul"], state["stride"] = True, int(e.a.value)
+                order.append((t, int(e.a.value)))
             elif tir.node_type(e.b) == "IntImm":
-                state["mul"], state["stride"] = True, int(e.b.value)
-        elif t == "Add" and state["var"] and not state["mul"]:
-            state["add"], state["stride"] = True, 1
+                order.append((t, int(e.b.value)))
+        elif t == "Add":
+            order.append((t, 0))
 
-    visit(expr)
-    if state["var"] and not state["mul"] and not state["add"]:
-        return 1
-    return state["stride"] if state["var"] else 0
+    walk(expr)
+    out = {}
+    for handle in {h for t, h in order if t == "Var"}:
+        seen, add, mul, stride = False, False, False, 0
+        for t, v in order:
+            if t == "Var":
+                if v == handle:
+                    seen, stride = True, 2
+            elif t == "Mul":
+                # A product without a constant factor: neither branch of the C++ applies.
+                if seen and not add:
+                    mul, stride = True, v
+            elif seen and not mul:
+                add, stride = True, 1
+        out[handle] = 1 if not mul and not add else stride
+    return out
 
 
 def _shape(buffer: Any) -> list[int]:
@@ -642,23 +680,18 @@ class _Collector:
         access = {name: 1}
         indices: dict[str, list[list[Any]]] = {name: [list(store.indices)]}
 
-        def on_load(e: Any) -> None:
-            for c in tir.children(e):
-                on_load(c)
-            if tir.node_type(e) in tir.LOADS:
-                buffer = tir.load_buffer(e)
-                b = buffer.name
-                if b not in access:
-                    order.append(b)
-                    buffers[b] = buffer
-                    access[b] = 0
-                    indices[b] = []
-                elif access[b] == 1:
-                    access[b] = 2
-                if access[b] != 2:
-                    indices[b].append(list(e.indices))
-
-        on_load(value)
+        arith, loads = scan_value(value)
+        for buffer, load_indices in loads:
+            b = buffer.name
+            if b not in access:
+                order.append(b)
+                buffers[b] = buffer
+                access[b] = 0
+                indices[b] = []
+            elif access[b] == 1:
+                access[b] = 2
+            if access[b] != 2:
+                indices[b].append(load_indices)
 
         # Region: bind every loop to its min, then open them from inner to outer.
         for loop, _ in self.nest:
@@ -723,12 +756,13 @@ class _Collector:
                         cont_key = shape_keys[d]
                         break
             stride, level, where, dim = 0, -1, "-", ndim
+            coefs = [[_coefficients(e) for e in idx] for idx in indices[b]]
             for i in range(n - 1, -1, -1):
-                var = self.nest[i][0].loop_var
+                var = self.nest[i][0].loop_var.__chandle__()
                 best, dims = None, []
-                for idx in indices[b]:
+                for idx in coefs:
                     for d in range(ndim - 1, -1, -1):
-                        coef = _coefficient(idx[d], var)
+                        coef = idx[d].get(var, 0)
                         if coef != 0:
                             s = abs(coef) * strides[d]
                             best = s if best is None else min(best, s)
@@ -752,10 +786,7 @@ class _Collector:
             else:
                 stride_keys = (self.leaf(f"S:{skey}:{b}:{where}", stride),)
 
-            region_vars: list[Any] = []
-            for idx in indices[b]:
-                for e in idx:
-                    region_vars += tir.vars_in(e)
+            region_vars = {v for idx in coefs for e in idx for v in e}
             acc = Access(
                 buffer=b,
                 dtype_bytes=nbytes,
@@ -769,8 +800,7 @@ class _Collector:
                 region_form=forms[b],
             )
             for i in range(n - 1, -1, -1):
-                var = self.nest[i][0].loop_var
-                if not any(v.same_as(var) for v in region_vars):
+                if self.nest[i][0].loop_var.__chandle__() not in region_vars:
                     acc.reuse_type, acc.reuse_level = 0, i
                     if i == n - 1:
                         acc.distance_const = float(sum(self.buffer_bytes[x] for x in order))
@@ -796,7 +826,7 @@ class _Collector:
         self.stores[name] = Store(
             buffer=name,
             loops=loops,
-            arith=count_ops(value),
+            arith=arith,
             accesses=accesses,
             alloc_shape_keys=None,
             alloc_loop_keys=[],

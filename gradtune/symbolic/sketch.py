@@ -55,6 +55,33 @@ class Probe:
     valid: bool = True  # TVM's VerifyGPUCode verdict on GPU targets (always True on CPU)
 
 
+_POOL: list[ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+_THREAD = threading.local()
+
+
+def _probe_pool() -> ThreadPoolExecutor | None:
+    """One pool of probe threads per process, one per core (at most 8); None on one core."""
+    threads = min(8, os.cpu_count() or 1)
+    if threads < 2:
+        return None
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(ThreadPoolExecutor(threads, thread_name_prefix="gradtune-probe"))
+        return _POOL[0]
+
+
+def _thread_postprocs(postprocs: list[Any]) -> list[Any]:
+    """This thread's copies of ``postprocs``: postprocessors may keep state between calls, so
+    each thread applies its own, as MetaSchedule's threaded trace application does."""
+    copies = _THREAD.__dict__.setdefault("postprocs", {})
+    # The original is kept with its copies so that its id cannot be reused by another list.
+    entry = copies.get(id(postprocs))
+    if entry is None or entry[0] is not postprocs:
+        entry = copies[id(postprocs)] = (postprocs, [p.clone() for p in postprocs])
+    return entry[1]
+
+
 @dataclass
 class SymbolicSketch:
     mod: Any
@@ -74,6 +101,14 @@ class SymbolicSketch:
     # Per case signature: leaf formulas fitted on same-case neighbours (piecewise leaves).
     _case_formulas: dict[str, dict[str, LeafFormula]] = field(default_factory=dict)
     _banks: dict[tuple, dict[str, Any]] = field(default_factory=dict)
+
+    @functools.cached_property
+    def _unscheduled(self) -> Any:
+        """``mod`` as a schedule with nothing applied, which every probe starts from a copy of.
+        Probes on several threads copy it at once: copying only reads it."""
+        import tvm
+
+        return tvm.s_tir.Schedule(self.mod)
 
     # -- the decision columns ---------------------------------------------------------------
     @property
@@ -189,13 +224,30 @@ class SymbolicSketch:
             self.probes += 1
         return [self._cases[key] for key in keys]
 
+    def _threaded_apply(self) -> Any:
+        """``_replay_all``'s ``submit`` on the process's probe threads (None on one core).
+
+        A descent step rounds each seed to a point, and most are new programs: ~25 ms each
+        to apply and extract, of which the trace, the postprocessors and the lowering (about
+        half) are TVM's and release the GIL. In a tune on the local fleet nothing else runs
+        while the search does (``GradientTaskScheduler``'s ``exclusive``), so the other cores
+        are idle then."""
+        pool = _probe_pool()
+        if pool is None:
+            return None
+
+        def apply(decisions: dict[int, Any]) -> Probe | None:
+            return self._apply(decisions, _thread_postprocs(self.postprocs))
+
+        return functools.partial(pool.submit, apply)
+
     def _apply(self, decisions: dict[int, Any], postprocs: list[Any]) -> Probe | None:
         x = self.variables.encode(decisions)
         # VerifyGPUCode only judges (it never rewrites): run it apart, so that a point GPU
         # limits reject still has a program, features and a penalty to push it back.
         checks = [p for p in postprocs if type(p).__name__ == "VerifyGPUCode"]
         rewrites = [p for p in postprocs if p not in checks]
-        sch, applied = self.variables.decode(self.mod, x, rewrites)
+        sch, applied = self.variables.decode(self.mod, x, rewrites, self._unscheduled)
         if sch is None:
             return None
         valid = all(bool(c.apply(sch)) for c in checks)
@@ -556,8 +608,8 @@ class SymbolicSketch:
         log_f, cats = self.continuous_columns(x)
         probes: list[tuple[int, Probe]] = []
         out: list[torch.Tensor | None] = [None] * x.shape[0]
-        for i, row in enumerate(x.detach().numpy()):
-            probe = self.replay(self.variables.round(row))
+        rounded = [self.variables.round(row) for row in x.detach().numpy()]
+        for i, probe in enumerate(self._replay_all(rounded, self._threaded_apply())):
             if probe is not None:
                 if refit:
                     self.fit_case(probe)

@@ -20,28 +20,30 @@ from typing import Any
 _BITWISE_BINARY = ("LShift", "RShift", "BitwiseAnd", "BitwiseOr", "BitwiseXor")
 BITWISE = (*_BITWISE_BINARY, "BitwiseNot")
 # Expression nodes with two operands ``a`` and ``b``.
-BINARY = (
-    "Add",
-    "Sub",
-    "Mul",
-    "Div",
-    "Mod",
-    "FloorDiv",
-    "FloorMod",
-    "Max",
-    "Min",
-    "EQ",
-    "NE",
-    "LT",
-    "LE",
-    "GT",
-    "GE",
-    "And",
-    "Or",
-    *_BITWISE_BINARY,
+BINARY = frozenset(
+    (
+        "Add",
+        "Sub",
+        "Mul",
+        "Div",
+        "Mod",
+        "FloorDiv",
+        "FloorMod",
+        "Max",
+        "Min",
+        "EQ",
+        "NE",
+        "LT",
+        "LE",
+        "GT",
+        "GE",
+        "And",
+        "Or",
+        *_BITWISE_BINARY,
+    )
 )
 # Buffer reads: TVM 0.27 prints and builds ``BufferLoad`` as ``TensorLoad``.
-LOADS = ("BufferLoad", "TensorLoad")
+LOADS = frozenset(("BufferLoad", "TensorLoad"))
 
 
 def node_type(node: Any) -> str:
@@ -49,30 +51,27 @@ def node_type(node: Any) -> str:
     return type(node).__name__
 
 
+# One lookup per node: ``children`` runs millions of times per tuning round (every rounded
+# point of the descent is a program to walk), and a chain of name comparisons was most of it.
+_CHILDREN: dict[str, Any] = {
+    **{t: lambda e: [e.a, e.b] for t in BINARY},
+    "Not": lambda e: [e.a],
+    "BitwiseNot": lambda e: [e.a],
+    "Select": lambda e: [e.condition, e.true_value, e.false_value],
+    "Call": lambda e: list(e.args),
+    **{t: lambda e: list(e.indices) for t in LOADS},
+    "Cast": lambda e: [e.value],
+    "Ramp": lambda e: [e.base, e.stride],
+    "Broadcast": lambda e: [e.value],
+    "Let": lambda e: [e.value, e.body],
+    "Shuffle": lambda e: [*e.vectors, *e.indices],
+}
+
+
 def children(expr: Any) -> list[Any]:
     """The sub-expressions of an expression node ([] for leaves: variables, constants)."""
-    t = node_type(expr)
-    if t in BINARY:
-        return [expr.a, expr.b]
-    if t in ("Not", "BitwiseNot"):
-        return [expr.a]
-    if t == "Select":
-        return [expr.condition, expr.true_value, expr.false_value]
-    if t == "Call":
-        return list(expr.args)
-    if t in LOADS:
-        return list(expr.indices)
-    if t == "Cast":
-        return [expr.value]
-    if t == "Ramp":
-        return [expr.base, expr.stride]
-    if t == "Broadcast":
-        return [expr.value]
-    if t == "Let":
-        return [expr.value, expr.body]
-    if t == "Shuffle":
-        return [*expr.vectors, *expr.indices]
-    return []
+    get = _CHILDREN.get(type(expr).__name__)
+    return [] if get is None else get(expr)
 
 
 def load_buffer(load: Any) -> Any:

@@ -30,7 +30,7 @@ from gradtune.measure.latency import median_seconds, result_seconds
 from gradtune.search.acquisition import contextual_epsilon, log_expected_improvement
 from gradtune.search.session import ReportingStrategy, RunSummary, SearchRound, Session
 from gradtune.search.structural import StructuralNeighbours, register_lanes
-from gradtune.symbolic.sketch import SymbolicSketch, decision_key
+from gradtune.symbolic.sketch import SymbolicSketch, decision_key, replay_together
 from gradtune.symbolic.variables import sampling_insts_of
 from gradtune.target import is_gpu as target_is_gpu
 
@@ -829,39 +829,56 @@ class GradientSearch(ReportingStrategy):
         randoms = cfg.seeds - sum(len(e) for e in elites.values())
         random_per_sketch = max(1, math.ceil(randoms / len(self.sketches)))
         seed_id = 0
+        descents = []
         for k, sym in enumerate(self.sketches):
             points = self._seeds(k, sym, random_per_sketch, elites.get(k, []))
             ids = range(seed_id, seed_id + len(points))
             seed_id += len(points)
             x = torch.tensor(points, requires_grad=True)
-            optim = torch.optim.Adam([x], lr=cfg.lr)
             alive = torch.ones(len(points), dtype=torch.bool)
-            for step in range(cfg.steps):
-                if step == int(cfg.decay_at * cfg.steps):
-                    for group in optim.param_groups:
-                        group["lr"] = cfg.lr * 0.2
-                for row, sid in zip(x.detach().numpy(), ids, strict=True):
-                    if alive[sid - ids.start]:
-                        decisions = sym.variables.round(row)
-                        candidates.setdefault((k, decision_key(decisions)), (k, decisions, sid))
-                feats = sym.features(x, "smooth", refit=False)
-                valid = [i for i, f in enumerate(feats) if f is not None and alive[i]]
-                if not valid:
-                    break
-                scores = self._acquire([feats[i] for i in valid])
-                objective = -scores.sum() + cfg.penalty_weight * sym.penalties(x)[valid].sum()
-                optim.zero_grad()
-                objective.backward()
-                bad = ~torch.isfinite(x.grad).all(1)
-                if bad.any():
-                    self.summary.nan_seeds += int((bad & alive).sum())
-                    alive &= ~bad
-                    x.grad[bad] = 0.0
-                optim.step()
+            descents.append(_Descent(k, sym, x, torch.optim.Adam([x], lr=cfg.lr), alive, ids))
+        # Every sketch steps together, so that the new points of a step, whichever sketch
+        # they are in, are applied at once on the probe threads (``replay_together``); each
+        # sketch's descent is the one it would be alone.
+        for step in range(cfg.steps):
+            active = [d for d in descents if d.active]
+            if not active:
+                break
+            replay_together(
+                [(d.sym, [d.sym.variables.round(r) for r in d.x.detach().numpy()]) for d in active]
+            )
+            for d in active:
+                self._step(d, step, candidates)
         skip = self.measured | (exclude or set())
         fresh = [c for k, c in candidates.items() if k not in skip]
         self._last_descent_s = time.perf_counter() - start
         return self._pick(fresh, count)
+
+    def _step(self, d: _Descent, step: int, candidates: dict[tuple, tuple[int, dict, int]]) -> None:
+        """One Adam step of sketch ``d.k``'s seeds; every point they round to is a candidate."""
+        cfg, sym, x = self.config, d.sym, d.x
+        if step == int(cfg.decay_at * cfg.steps):
+            for group in d.optim.param_groups:
+                group["lr"] = cfg.lr * 0.2
+        for row, sid in zip(x.detach().numpy(), d.ids, strict=True):
+            if d.alive[sid - d.ids.start]:
+                decisions = sym.variables.round(row)
+                candidates.setdefault((d.k, decision_key(decisions)), (d.k, decisions, sid))
+        feats = sym.features(x, "smooth", refit=False)
+        valid = [i for i, f in enumerate(feats) if f is not None and d.alive[i]]
+        if not valid:
+            d.active = False
+            return
+        scores = self._acquire([feats[i] for i in valid])
+        objective = -scores.sum() + cfg.penalty_weight * sym.penalties(x)[valid].sum()
+        d.optim.zero_grad()
+        objective.backward()
+        bad = ~torch.isfinite(x.grad).all(1)
+        if bad.any():
+            self.summary.nan_seeds += int((bad & d.alive).sum())
+            d.alive &= ~bad
+            x.grad[bad] = 0.0
+        d.optim.step()
 
     def _pick(self, fresh: list, count: int) -> list[tuple[int, dict, float]]:
         """Re-score every rounded candidate at its integer point; best first, plus exploration."""
@@ -985,6 +1002,15 @@ class GradientSearch(ReportingStrategy):
             if feats is not None and torch.isfinite(feats).all():
                 return feats.detach().to(torch.float32)
         return None
+
+
+class _Descent:
+    """One sketch's seeds in a round's descent: their points, optimizer and which still move."""
+
+    def __init__(self, k: int, sym: SymbolicSketch, x: torch.Tensor, optim: Any, alive: Any,
+                 ids: range) -> None:  # fmt: skip
+        self.k, self.sym, self.x, self.optim, self.alive, self.ids = k, sym, x, optim, alive, ids
+        self.active = True
 
 
 def batch_spearman(scores: list[float], seconds: list[float]) -> float:

@@ -82,6 +82,26 @@ def _thread_postprocs(postprocs: list[Any]) -> list[Any]:
     return entry[1]
 
 
+def replay_together(requests: list[tuple[SymbolicSketch, list[dict[int, Any]]]]) -> None:
+    """``replay`` of every decision of several sketches' batches, the uncached ones applied
+    at once on the probe threads (``SymbolicSketch._threaded_apply``); afterwards each is
+    in its sketch's cache, in the order one thread would have put it there."""
+    pool = _probe_pool()
+    if pool is None:
+        return
+    jobs: list[tuple[SymbolicSketch, tuple, Any]] = []
+    for sym, batch in requests:
+        submitted: set[tuple] = set()
+        for decisions in batch:
+            key = decision_key(decisions)
+            if key not in sym._cases and key not in submitted:
+                submitted.add(key)
+                jobs.append((sym, key, pool.submit(sym._apply_on_thread, decisions)))
+    for sym, key, job in jobs:
+        sym._cases[key] = job.result()
+        sym.probes += 1
+
+
 @dataclass
 class SymbolicSketch:
     mod: Any
@@ -233,13 +253,10 @@ class SymbolicSketch:
         while the search does (``GradientTaskScheduler``'s ``exclusive``), so the other cores
         are idle then."""
         pool = _probe_pool()
-        if pool is None:
-            return None
+        return None if pool is None else functools.partial(pool.submit, self._apply_on_thread)
 
-        def apply(decisions: dict[int, Any]) -> Probe | None:
-            return self._apply(decisions, _thread_postprocs(self.postprocs))
-
-        return functools.partial(pool.submit, apply)
+    def _apply_on_thread(self, decisions: dict[int, Any]) -> Probe | None:
+        return self._apply(decisions, _thread_postprocs(self.postprocs))
 
     def _apply(self, decisions: dict[int, Any], postprocs: list[Any]) -> Probe | None:
         x = self.variables.encode(decisions)

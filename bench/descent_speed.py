@@ -36,14 +36,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from searchbench.descent import MODEL_FILES, descent_rounds, largest_task
+
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = {
-    "small_cnn": "examples/small_cnn.py",
-    "mbconv_se": "bench/models/mbconv_se.py",
-    "unet_small": "bench/models/unet_small.py",
-}
 ROUNDS = 2
-BATCH = 25  # the CLI's batch at the search benchmark's budgets
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -51,15 +47,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--against", help="the commit to compare with (e.g. HEAD~1)")
     parser.add_argument("--repeats", type=int, default=3, help="trials per side (≥ 3)")
     parser.add_argument("--models", nargs="+", default=["small_cnn", "mbconv_se"],
-                        metavar="MODEL", help=f"of {', '.join(MODELS)}")  # fmt: skip
+                        metavar="MODEL", help=f"of {', '.join(MODEL_FILES)}")  # fmt: skip
     parser.add_argument("--trial", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.trial:
         return args
-    unknown = [m for m in args.models if m not in MODELS]
+    unknown = [m for m in args.models if m not in MODEL_FILES]
     if unknown:
         parser.exit(2, f"descent_speed: unknown model {', '.join(unknown)} "
-                       f"(choose from {', '.join(MODELS)})\n")  # fmt: skip
+                       f"(choose from {', '.join(MODEL_FILES)})\n")  # fmt: skip
     if args.repeats < 3:
         parser.exit(2, "descent_speed: --repeats must be at least 3\n")
     if not args.against:
@@ -75,47 +71,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def trial(model: str, out: Path) -> None:
     """Two rounds of the descent on the model's largest task, with whichever ``gradtune`` is
-    first on the path; writes {"descent_s", "picks"} to ``out``."""
-    from tvm.s_tir import meta_schedule as ms
-
-    from gradtune.frontend import load_model
-    from gradtune.partition import partition
-    from gradtune.search import make_strategy
-    from gradtune.search.gradient_search import GradientConfig
-    from gradtune.search.session import Session
+    first on the path; writes {"descent_s", "picks", "task", "package"} to ``out``."""
+    import gradtune
     from gradtune.target import host_cpu_target, make_target
     from gradtune.tvm_compat import register_tensor_intrinsics
 
     target = make_target(host_cpu_target())
     register_tensor_intrinsics("llvm")
-    imported = load_model(ROOT / MODELS[model])
-    _, tasks = partition(imported.mod, imported.params, target)
-    task = max(tasks, key=lambda t: t.flops)
-    search = make_strategy("gradient", config=GradientConfig(evolutionary_explore=False))
-    session = Session()
-    search.attach(session)
-    context = ms.TuneContext(
-        mod=task.mod, target=target, space_generator="post-order-apply",
-        search_strategy="replay-trace", task_name=task.name, num_threads=2, rand_state=1,
-    ).clone()  # fmt: skip
-    search._initialize_with_tune_context(context)
-    search.pre_tuning(ROUNDS * BATCH, BATCH, context.generate_design_space(),
-                      ms.database.MemoryDatabase(), ms.cost_model.XGBModel())  # fmt: skip
-    descent, picks = [], []
-    for r in range(ROUNDS):
-        candidates = search.generate_measure_candidates()
-        picks += [str(c.sch.trace.decisions) for c in candidates]
-        # Synthetic latencies, fixed by position: both sides learn the same thing.
-        results = [
-            ms.runner.RunnerResult(run_secs=[1e-4 * (1 + (7 * i + r) % 25)], error_msg=None)
-            for i in range(len(candidates))
-        ]
-        search.notify_runner_results(candidates, results)
-        descent.append(session.take(task.name).descent_s)
-    import gradtune
-
-    out.write_text(json.dumps({"descent_s": sum(descent), "picks": picks, "task": task.name,
-                               "package": str(Path(gradtune.__file__).parent.parent)}))  # fmt: skip
+    task = largest_task(model, target)
+    rounds = descent_rounds(task, target, ROUNDS)
+    out.write_text(json.dumps({
+        "descent_s": sum(r["descent_s"] for r in rounds),
+        "picks": [p for r in rounds for p in r["picks"]],
+        "task": task.name,
+        "package": str(Path(gradtune.__file__).parent.parent),
+    }))  # fmt: skip
 
 
 def run_trial(root: Path, model: str, scratch: Path) -> dict[str, Any]:
@@ -136,7 +106,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.trial:
         trial(args.trial[0], Path(args.trial[1]))
         return 0
-    sys.path.insert(0, str(ROOT / "bench"))
     from searchbench.report import git_commit
 
     tasks: dict[str, Any] = {}

@@ -32,18 +32,11 @@ import json
 import math
 import statistics
 import sys
-import time
-from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-MODEL_FILES = {
-    "small_cnn": ROOT / "examples" / "small_cnn.py",
-    "mbconv_se": ROOT / "bench" / "models" / "mbconv_se.py",
-    "unet_small": ROOT / "bench" / "models" / "unet_small.py",
-}
+from searchbench.descent import MODEL_FILES
+
 ROUNDS = 2
-BATCH = 25  # the CLI's batch at the search benchmark's budgets
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -61,66 +54,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
-def largest_task(model: str, target: Any) -> Any:
-    from gradtune.frontend import load_model
-    from gradtune.partition import partition
-
-    imported = load_model(MODEL_FILES[model])
-    _, tasks = partition(imported.mod, imported.params, target)
-    return max(tasks, key=lambda t: t.flops)
-
-
 def trial(task: Any, target: Any, threads: int) -> dict[str, Any]:
     """Two rounds of the descent on ``task`` with torch on ``threads`` threads."""
     import torch
-    from tvm.s_tir import meta_schedule as ms
-
-    from gradtune.search import make_strategy
-    from gradtune.search.gradient_search import GradientConfig
-    from gradtune.search.session import Session
+    from searchbench.descent import descent_rounds
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        search = make_strategy("gradient", config=GradientConfig(evolutionary_explore=False))
-        session = Session()
-        search.attach(session)
-        context = ms.TuneContext(
-            mod=task.mod, target=target, space_generator="post-order-apply",
-            search_strategy="replay-trace", task_name=task.name, num_threads=2, rand_state=1,
-        ).clone()  # fmt: skip
-        search._initialize_with_tune_context(context)
-        database = ms.database.MemoryDatabase()
-        search.pre_tuning(ROUNDS * BATCH, BATCH, context.generate_design_space(), database,
-                          ms.cost_model.XGBModel())  # fmt: skip
-        descent, finetune, picks = [], [], []
-        for r in range(ROUNDS):
-            candidates = search.generate_measure_candidates()
-            picks += [str(c.sch.trace.decisions) for c in candidates]
-            # Synthetic latencies, fixed by position: the fine-tune's work, not its data, is
-            # what is timed.
-            results = [
-                ms.runner.RunnerResult(run_secs=[1e-4 * (1 + (7 * i + r) % 25)], error_msg=None)
-                for i in range(len(candidates))
-            ]
-            start = time.perf_counter()
-            search.notify_runner_results(candidates, results)
-            finetune.append(time.perf_counter() - start)
-            descent.append(session.take(task.name).descent_s)
-        return {"descent_s": sum(descent), "finetune_s": sum(finetune), "picks": picks}
+        rounds = descent_rounds(task, target, ROUNDS)
     finally:
         torch.set_num_threads(before)
+    return {
+        "descent_s": sum(r["descent_s"] for r in rounds),
+        "finetune_s": sum(r["finetune_s"] for r in rounds),
+        "picks": [p for r in rounds for p in r["picks"]],
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import torch
+    from searchbench.descent import largest_task
+    from searchbench.report import git_commit
 
     from gradtune.target import host_cpu_target, make_target
     from gradtune.tvm_compat import register_tensor_intrinsics
-
-    sys.path.insert(0, str(ROOT / "bench"))
-    from searchbench.report import git_commit
 
     default = torch.get_num_threads()
     counts = [1, default] if default != 1 else [1, 2]

@@ -267,7 +267,7 @@ def test_points_applied_on_probe_threads_give_what_one_thread_gives(matmul_task,
     def run(threaded: bool) -> tuple[list, list]:
         if not threaded:
             monkeypatch.setattr(sketch_module, "_probe_pool", lambda: None)
-        sym = SymbolicSketch.build(mod, sketches[0].trace, postprocs, threads=1)
+        sym = SymbolicSketch.build(mod, sketches[0].trace, postprocs, threaded=False)
         before = len(sym._cases)
         feats = sym.features(torch.tensor(points), "smooth", refit=False)
         monkeypatch.undo()

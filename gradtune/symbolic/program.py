@@ -275,15 +275,11 @@ def _call_is_pure(call: Any) -> bool:
 _ARITH_SLOT = {name: i for i, name in enumerate(ARITH_NAMES)}
 
 
-def count_ops(expr: Any) -> list[int]:
-    """Per-iteration op counts of a store's value (the C++ multiplies by the loop product)."""
-    return scan_value(expr)[0]
-
-
 def scan_value(expr: Any) -> tuple[list[int], list[tuple[Any, list[Any]]]]:
-    """A store value's op counts (``count_ops``) and its buffer loads, (buffer, indices) in
-    post-order, from one walk: a fused epilogue's value has hundreds of nodes, and walking it
-    once per question was a large share of extracting a program."""
+    """A store value's per-iteration op counts (the C++ multiplies them by the loop product)
+    and its buffer loads, (buffer, indices) in post-order, from one walk: a fused epilogue's
+    value has hundreds of nodes, and walking it once per question was a large share of
+    extracting a program."""
     slot = _ARITH_SLOT
     counts = [0] * len(ARITH_NAMES)
     loads: list[tuple[Any, list[Any]]] = []

@@ -13,7 +13,6 @@ in ``x``; across cases they jump, which is what the rounded candidates are re-sc
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import math
 import os
@@ -301,37 +300,26 @@ class SymbolicSketch:
         rng: np.random.Generator | None = None,
         min_probes: int = 24,
         target: Any = None,
-        threads: int | None = None,
+        threaded: bool = True,
     ) -> SymbolicSketch:
         """Variables from the sketch's trace, then leaf formulas fitted on random probes.
 
-        The probes are applied in TVM on ``threads`` threads (default: one per core, at most
-        8), which changes nothing but the time: the same decisions are drawn in the same order,
-        and each probe is the same program whichever thread applied it."""
+        The probes are applied in TVM on the process's probe threads (``threaded``; one per
+        core, at most 8), which changes nothing but the time: the same decisions are drawn in
+        the same order, and each probe is the same program whichever thread applied it."""
         rng = rng or np.random.default_rng(0)
         sym = cls(mod, SketchVariables.from_trace(sketch_trace), postprocs, is_gpu, target)
         wanted = max(min_probes, 2 * (sym.n_columns + 1) + 4)
         probes = [sym.replay(sym.variables.sketch_decisions())]
         attempts = 0
-        threads = threads or min(8, os.cpu_count() or 1)
-        local = threading.local()
-
-        def apply(decisions: dict[int, Any]) -> Probe | None:
-            # Postprocessors may keep state between calls: one copy per thread, as
-            # MetaSchedule's own threaded trace application does.
-            if not hasattr(local, "postprocs"):
-                local.postprocs = [p.clone() for p in postprocs]
-            return sym._apply(decisions, local.postprocs)
-
-        with ThreadPoolExecutor(threads) if threads > 1 else contextlib.nullcontext() as pool:
-            submit = functools.partial(pool.submit, apply) if pool else None
-            while (valid := sum(p is not None for p in probes)) < wanted and attempts < 4 * wanted:
-                # As many draws as probes still missing: one thread would make all of them
-                # before it could stop, so the draws and their order are as sequential.
-                draws = min(wanted - valid, 4 * wanted - attempts)
-                batch = [sym.random_decisions(rng) for _ in range(draws)]
-                probes += sym._replay_all(batch, submit)
-                attempts += draws
+        submit = sym._threaded_apply() if threaded else None
+        while (valid := sum(p is not None for p in probes)) < wanted and attempts < 4 * wanted:
+            # As many draws as probes still missing: one thread would make all of them
+            # before it could stop, so the draws and their order are as sequential.
+            draws = min(wanted - valid, 4 * wanted - attempts)
+            batch = [sym.random_decisions(rng) for _ in range(draws)]
+            probes += sym._replay_all(batch, submit)
+            attempts += draws
         sym.fit([p for p in probes if p is not None])
         return sym
 

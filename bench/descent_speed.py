@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from searchbench.descent import MODEL_FILES, descent_rounds, largest_task
+from searchbench.descent import add_trial_args, check_trial_args, descent_rounds, largest_task
 
 ROOT = Path(__file__).resolve().parents[1]
 ROUNDS = 2
@@ -45,19 +45,12 @@ ROUNDS = 2
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", help="the commit to compare with (e.g. HEAD~1)")
-    parser.add_argument("--repeats", type=int, default=3, help="trials per side (≥ 3)")
-    parser.add_argument("--models", nargs="+", default=["small_cnn", "mbconv_se"],
-                        metavar="MODEL", help=f"of {', '.join(MODEL_FILES)}")  # fmt: skip
+    add_trial_args(parser, 3, "side")
     parser.add_argument("--trial", nargs=2, metavar=("MODEL", "OUT"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.trial:
         return args
-    unknown = [m for m in args.models if m not in MODEL_FILES]
-    if unknown:
-        parser.exit(2, f"descent_speed: unknown model {', '.join(unknown)} "
-                       f"(choose from {', '.join(MODEL_FILES)})\n")  # fmt: skip
-    if args.repeats < 3:
-        parser.exit(2, "descent_speed: --repeats must be at least 3\n")
+    check_trial_args(parser, args, "descent_speed")
     if not args.against:
         parser.exit(2, "descent_speed: --against REV is required\n")
     rev = f"{args.against}^{{commit}}"

@@ -34,23 +34,16 @@ import statistics
 import sys
 from typing import Any
 
-from searchbench.descent import MODEL_FILES
+from searchbench.descent import add_trial_args, check_trial_args
 
 ROUNDS = 2
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5, help="trials per thread count (≥ 3)")
-    parser.add_argument("--models", nargs="+", default=["small_cnn", "mbconv_se"],
-                        metavar="MODEL", help=f"of {', '.join(MODEL_FILES)}")  # fmt: skip
+    add_trial_args(parser, 5, "thread count")
     args = parser.parse_args(argv)
-    unknown = [m for m in args.models if m not in MODEL_FILES]
-    if unknown:
-        parser.exit(2, f"descent_threads: unknown model {', '.join(unknown)} "
-                       f"(choose from {', '.join(MODEL_FILES)})\n")  # fmt: skip
-    if args.repeats < 3:
-        parser.exit(2, "descent_threads: --repeats must be at least 3\n")
+    check_trial_args(parser, args, "descent_threads")
     return args
 
 

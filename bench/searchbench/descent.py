@@ -23,6 +23,23 @@ MODEL_FILES = {
 BATCH = 25  # the CLI's batch at the search benchmark's budgets
 
 
+def add_trial_args(parser: Any, repeats: int, per: str) -> None:
+    """``--repeats`` and ``--models``, as both descent benchmarks take them."""
+    parser.add_argument("--repeats", type=int, default=repeats, help=f"trials per {per} (≥ 3)")
+    parser.add_argument("--models", nargs="+", default=["small_cnn", "mbconv_se"],
+                        metavar="MODEL", help=f"of {', '.join(MODEL_FILES)}")  # fmt: skip
+
+
+def check_trial_args(parser: Any, args: Any, name: str) -> None:
+    """One line and exit 2 for an unknown model or fewer than 3 repeats."""
+    unknown = [m for m in args.models if m not in MODEL_FILES]
+    if unknown:
+        parser.exit(2, f"{name}: unknown model {', '.join(unknown)} "
+                       f"(choose from {', '.join(MODEL_FILES)})\n")  # fmt: skip
+    if args.repeats < 3:
+        parser.exit(2, f"{name}: --repeats must be at least 3\n")
+
+
 def largest_task(model: str, target: Any) -> Any:
     """The model's task with the most FLOPs."""
     from gradtune.frontend import load_model

@@ -432,6 +432,7 @@ def report_and_register_stage(
             metrics.update(
                 search_seconds=r.search.search_s,
                 descent_seconds=r.search.descent_s,
+                explorer_seconds=r.search.explorer_s,
                 measure_seconds=r.search.measure_s,
                 prediction_spearman=r.search.prediction_spearman,
                 predicted_best_score=r.search.predicted_best,

@@ -407,6 +407,8 @@ def test_one_evolution_fills_several_batches_when_told(llvm_target, small_cnn_co
         rounds.append(session.take(small_cnn_conv.name))
     assert [r.reused for r in rounds] == [False, True, False]
     assert rounds[0].explorer_population == 64 and rounds[1].explorer_population == 0
+    # The evolution's seconds are part of the batch's search, and only where it evolved.
+    assert 0 < rounds[0].explorer_s <= rounds[0].search_s and rounds[1].explorer_s == 0
     assert rounds[0].evolved == 4 and rounds[1].evolved == left_unmeasured >= 2
     assert not explored[0] & explored[1]
 

@@ -335,6 +335,7 @@ class GradientSearch(ReportingStrategy):
         self._design_spaces: list = []
         self._last_search_s = 0.0
         self._last_descent_s = 0.0
+        self._last_explorer_s = 0.0
         self._last_predicted = 0.0
         self._pending_scores: list[float] = []
         # The ranker's predictions of the descent's picks (NaN where it gave none): how well
@@ -504,6 +505,7 @@ class GradientSearch(ReportingStrategy):
         # The explorer first: what it cannot fill (all it found was measured), the descent does.
         explored = []
         self._ranked = self._reused = False
+        self._last_explorer_s = 0.0
         if self._exploring:
             n = self._explore_count(count)
             found = self._random_programs(n) if self._sampled else self._evolved_programs(n)
@@ -603,7 +605,7 @@ class GradientSearch(ReportingStrategy):
         found = list(self.explorer.generate_measure_candidates() or [])
         end = time.perf_counter()
         self._evolved, self._evolved_uses = found, 1
-        session.explorer_s = end - start
+        session.explorer_s = self._last_explorer_s = end - start
         if cfg.explorer_time_share > 0:
             session.evolved(start, end)
             session.explorer_population = resized_population(
@@ -716,6 +718,7 @@ class GradientSearch(ReportingStrategy):
                 measured_best_us=1e6 * min(latencies, default=math.inf),
                 search_s=self._last_search_s,
                 descent_s=self._last_descent_s,
+                explorer_s=self._last_explorer_s,
                 measure_s=measure_s,
                 prediction_spearman=rho,
                 ranker_spearman=ranker_rho,

@@ -82,23 +82,15 @@ def _thread_postprocs(postprocs: list[Any]) -> list[Any]:
 
 
 def replay_together(requests: list[tuple[SymbolicSketch, list[dict[int, Any]]]]) -> None:
-    """``replay`` of every decision of several sketches' batches, the uncached ones applied
-    at once on the probe threads (``SymbolicSketch._threaded_apply``); afterwards each is
-    in its sketch's cache, in the order one thread would have put it there."""
-    pool = _probe_pool()
-    if pool is None:
+    """``replay`` of every decision of several sketches' batches, the uncached ones of all of
+    them applied at once on the probe threads (``SymbolicSketch._threaded_apply``); afterwards
+    each is in its sketch's cache, in the order one thread would have put it there."""
+    if _probe_pool() is None:
         return
-    jobs: list[tuple[SymbolicSketch, tuple, Any]] = []
-    for sym, batch in requests:
-        submitted: set[tuple] = set()
-        for decisions in batch:
-            key = decision_key(decisions)
-            if key not in sym._cases and key not in submitted:
-                submitted.add(key)
-                jobs.append((sym, key, pool.submit(sym._apply_on_thread, decisions)))
-    for sym, key, job in jobs:
-        sym._cases[key] = job.result()
-        sym.probes += 1
+    # Every sketch's jobs are submitted before any is waited for.
+    pending = [(sym, sym._submit_uncached(batch, sym._threaded_apply())) for sym, batch in requests]
+    for sym, jobs in pending:
+        sym._collect(jobs)
 
 
 @dataclass
@@ -233,15 +225,22 @@ class SymbolicSketch:
         the probe), the uncached ones run concurrently: TVM releases the GIL."""
         if submit is None:
             return [self.replay(decisions) for decisions in batch]
-        keys = [decision_key(decisions) for decisions in batch]
+        self._collect(self._submit_uncached(batch, submit))
+        return [self._cases[decision_key(decisions)] for decisions in batch]
+
+    def _submit_uncached(self, batch: list[dict[int, Any]], submit: Any) -> dict[tuple, Any]:
+        """Futures of the probes of ``batch`` not in the cache yet, once per decision key."""
         jobs: dict[tuple, Any] = {}
-        for key, decisions in zip(keys, batch, strict=True):
+        for decisions in batch:
+            key = decision_key(decisions)
             if key not in self._cases and key not in jobs:
                 jobs[key] = submit(decisions)
+        return jobs
+
+    def _collect(self, jobs: dict[tuple, Any]) -> None:
         for key, job in jobs.items():  # in the order one thread would have replayed them
             self._cases[key] = job.result()
             self.probes += 1
-        return [self._cases[key] for key in keys]
 
     def _threaded_apply(self) -> Any:
         """``_replay_all``'s ``submit`` on the process's probe threads (None on one core).
